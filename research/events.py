@@ -1,0 +1,111 @@
+"""Typed events the engine reports while it works; `seq` is assigned by the run's EventSink."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, Field, TypeAdapter
+
+Phase = Literal["decompose", "search", "fetch", "read", "gap_check", "synthesize", "verify", "plan", "chat", "answer"]
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+class _Event(BaseModel):
+    seq: int = 0
+    at: dt.datetime = Field(default_factory=_now)
+    phase: Phase | None = None
+
+
+class PhaseStarted(_Event):
+    type: Literal["phase_started"] = "phase_started"
+
+
+class PhaseDone(_Event):
+    type: Literal["phase_done"] = "phase_done"
+    seconds: float = 0.0
+    counts: dict[str, int] = Field(default_factory=dict)
+
+
+class PhaseFailed(_Event):
+    type: Literal["phase_failed"] = "phase_failed"
+    reason: str
+
+
+class Progress(_Event):
+    type: Literal["progress"] = "progress"
+    counts: dict[str, int] = Field(default_factory=dict)
+    percent: float = 0.0
+
+
+class ProviderCall(_Event):
+    type: Literal["provider_call"] = "provider_call"
+    provider: str
+    query: str
+
+
+class ProviderResult(_Event):
+    type: Literal["provider_result"] = "provider_result"
+    provider: str
+    query: str
+    results: int
+    seconds: float = 0.0
+
+
+class ProviderError(_Event):
+    type: Literal["provider_error"] = "provider_error"
+    provider: str
+    query: str | None = None
+    reason: str
+    skipped: bool = False
+
+
+class LLMUsage(_Event):
+    type: Literal["llm_usage"] = "llm_usage"
+    model: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float = 0.0
+
+
+class Warning_(_Event):
+    type: Literal["warning"] = "warning"
+    message: str
+    detail: dict[str, Any] = Field(default_factory=dict)
+
+
+class Complete(_Event):
+    type: Literal["complete"] = "complete"
+    partial: bool = False
+    partial_reason: str | None = None
+
+
+class Aborted(_Event):
+    type: Literal["aborted"] = "aborted"
+    reason: str = "cancelled"
+
+
+class Error(_Event):
+    type: Literal["error"] = "error"
+    message: str
+
+
+Event = Annotated[
+    Union[
+        PhaseStarted, PhaseDone, PhaseFailed, Progress, ProviderCall, ProviderResult,
+        ProviderError, LLMUsage, Warning_, Complete, Aborted, Error,
+    ],
+    Field(discriminator="type"),
+]
+EventAdapter: TypeAdapter[Event] = TypeAdapter(Event)
+TERMINAL_TYPES = frozenset({"complete", "aborted", "error"})
+
+Emit = Callable[[Any], Awaitable[None]]
+
+
+async def discard(event: Any) -> None:
+    """An emitter that drops every event (for callers that do not listen)."""
