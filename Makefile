@@ -1,0 +1,5 @@
+.PHONY: run test
+run:
+	scripts/run
+test:
+	scripts/test

@@ -1,0 +1,165 @@
+"""`deepthread doctor`: what is configured, what answers, and what is missing, with secrets masked."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import httpx
+from pydantic import BaseModel
+from sqlalchemy import text
+
+from config import Settings
+from storage.db import make_engine
+from storage.redis import connect, resolve_redis_url
+
+Status = Literal["ok", "missing", "error", "off"]
+SYMBOLS: dict[Status, str] = {"ok": "✔", "missing": "✘", "error": "✘", "off": "·"}
+
+
+class Check(BaseModel):
+    """The verdict on one component; `required` failures make the doctor exit non-zero."""
+
+    component: str
+    status: Status
+    detail: str
+    required: bool = False
+
+    @property
+    def failed(self) -> bool:
+        return self.required and self.status in ("missing", "error")
+
+
+def _describe_http_error(error: Exception) -> str:
+    if isinstance(error, httpx.TimeoutException):
+        return "timed out"
+    if isinstance(error, httpx.ConnectError):
+        return "connection refused or host unknown"
+    return type(error).__name__
+
+
+def _redact(settings: Settings, message: str) -> str:
+    """Remove every secret value from a message (errors can echo URLs or headers)."""
+    for name, value in settings:
+        if hasattr(value, "get_secret_value") and value.get_secret_value():
+            message = message.replace(value.get_secret_value(), "***")
+    return message
+
+
+def check_database(settings: Settings) -> Check:
+    try:
+        engine = make_engine(settings.database_url)
+        with engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+        engine.dispose()
+    except Exception as error:  # any driver error is a verdict here, not a crash
+        return Check(component="database", status="error", detail=f"unreachable: {type(error).__name__}", required=True)
+    backend = engine.url.get_backend_name()
+    return Check(component="database", status="ok", detail=f"{backend} reachable", required=True)
+
+
+def check_redis(settings: Settings) -> Check:
+    where = "configured server" if settings.redis_url else "embedded server under " + settings.data_dir
+    try:
+        connect(resolve_redis_url(settings.redis_url, settings.data_dir)).ping()
+    except Exception as error:  # a failed ping is a verdict here, not a crash
+        return Check(component="redis", status="error", detail=f"{where}: {type(error).__name__}", required=True)
+    return Check(component="redis", status="ok", detail=f"{where} answers PING", required=True)
+
+
+def check_llm(settings: Settings, http: httpx.Client) -> list[Check]:
+    checks: list[Check] = []
+    if not settings.llm_model:
+        checks.append(Check(component="llm", status="missing", detail="LLM_MODEL is not set", required=True))
+    key = settings.secret("llm_api_key")
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        response = http.get(f"{settings.llm_base_url.rstrip('/')}/models", headers=headers)
+    except httpx.HTTPError as error:
+        checks.append(Check(component="llm endpoint", status="error",
+                            detail=f"{settings.llm_base_url}: {_describe_http_error(error)}", required=True))
+        return checks
+    if response.status_code == 401:
+        detail = "answers 401: LLM_API_KEY is missing" if not key else "answers 401: LLM_API_KEY is rejected"
+        checks.append(Check(component="llm endpoint", status="missing" if not key else "error", detail=detail, required=True))
+    else:
+        key_note = "key set" if key else "no key (fine for local servers)"
+        checks.append(Check(component="llm endpoint", status="ok",
+                            detail=f"{settings.llm_base_url} answers HTTP {response.status_code}; {key_note}", required=True))
+    return checks
+
+
+def _probe(http: httpx.Client, url: str, headers: dict[str, str] | None = None) -> str | None:
+    """None when `url` answers at all, else why not."""
+    try:
+        http.get(url, headers=headers or {})
+    except httpx.HTTPError as error:
+        return _describe_http_error(error)
+    return None
+
+
+def check_search(settings: Settings, http: httpx.Client) -> list[Check]:
+    keyed = {"tavily": ("tavily_api_key", settings.tavily_base_url),
+             "brave": ("brave_api_key", settings.brave_base_url),
+             "exa": ("exa_api_key", settings.exa_base_url)}
+    checks: list[Check] = []
+    for name, (key_name, base_url) in keyed.items():
+        if not settings.secret(key_name):
+            checks.append(Check(component=f"search: {name}", status="off", detail=f"{key_name.upper()} not set"))
+            continue
+        problem = _probe(http, base_url)
+        checks.append(Check(component=f"search: {name}", status="error" if problem else "ok",
+                            detail=f"key set; {base_url} " + (problem or "reachable")))
+    if settings.searxng_url:
+        problem = _probe(http, settings.searxng_url)
+        checks.append(Check(component="search: searxng", status="error" if problem else "ok",
+                            detail=f"{settings.searxng_url} " + (problem or "reachable")))
+    else:
+        checks.append(Check(component="search: searxng", status="off", detail="SEARXNG_URL not set"))
+    checks.append(Check(component="search: duckduckgo", status="ok", detail="keyless fallback, always available"))
+    return checks
+
+
+def check_slack(settings: Settings, http: httpx.Client) -> Check:
+    token = settings.secret("slack_bot_token")
+    if not token:
+        return Check(component="slack", status="off", detail="SLACK_BOT_TOKEN not set")
+    mode = "Socket Mode" if settings.secret("slack_app_token") else "HTTP mode"
+    if mode == "HTTP mode" and not settings.secret("slack_signing_secret"):
+        return Check(component="slack", status="missing", detail="HTTP mode needs SLACK_SIGNING_SECRET (or set SLACK_APP_TOKEN)", required=True)
+    try:
+        answer = http.post(settings.slack_api_url + "auth.test", headers={"Authorization": f"Bearer {token}"}).json()
+    except (httpx.HTTPError, ValueError) as error:
+        return Check(component="slack", status="error", detail=f"auth.test failed: {_describe_http_error(error)}", required=True)
+    if not answer.get("ok"):
+        return Check(component="slack", status="error", detail=f"auth.test: {answer.get('error', 'not ok')}", required=True)
+    return Check(component="slack", status="ok", detail=f"{mode}; signed in as {answer.get('user', '?')} in {answer.get('team', '?')}", required=True)
+
+
+def check_discord(settings: Settings, http: httpx.Client) -> Check:
+    token = settings.secret("discord_bot_token")
+    if not token:
+        return Check(component="discord", status="off", detail="DISCORD_BOT_TOKEN not set")
+    try:
+        response = http.get(settings.discord_api_url + "/users/@me", headers={"Authorization": f"Bot {token}"})
+    except httpx.HTTPError as error:
+        return Check(component="discord", status="error", detail=_describe_http_error(error), required=True)
+    if response.status_code != 200:
+        return Check(component="discord", status="error", detail=f"/users/@me answers HTTP {response.status_code}", required=True)
+    return Check(component="discord", status="ok", detail=f"signed in as {response.json().get('username', '?')}", required=True)
+
+
+def run_checks(settings: Settings, http: httpx.Client) -> list[Check]:
+    """Check every component; never raises for a component that is down."""
+    checks = [check_database(settings), check_redis(settings), *check_llm(settings, http),
+              *check_search(settings, http), check_slack(settings, http), check_discord(settings, http)]
+    return [check.model_copy(update={"detail": _redact(settings, check.detail)}) for check in checks]
+
+
+def format_checks(checks: list[Check]) -> str:
+    """The doctor's report, one line per component and a verdict."""
+    width = max(len(check.component) for check in checks)
+    lines = [f"{SYMBOLS[check.status]} {check.component.ljust(width)}  {check.detail}" for check in checks]
+    failed = [check.component for check in checks if check.failed]
+    lines.append("")
+    lines.append(f"Not ready: fix {', '.join(failed)}." if failed else "Ready.")
+    return "\n".join(lines)

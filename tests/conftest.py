@@ -1,0 +1,39 @@
+"""Fixtures every tier shares: an isolated environment and a fresh SQLite schema."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from storage.db import make_engine, make_session_factory
+from storage.models import Base
+
+SETTINGS_PREFIXES = ("DATABASE_", "REDIS_", "LLM_", "SEARCH_", "TAVILY_", "BRAVE_", "EXA_", "SEARXNG_", "FETCH_",
+                     "RESEARCH_", "WORKER_", "MAX_RUNS_", "ADMIN_", "SLACK_", "DISCORD_", "CANCEL_", "LOG_", "DATA_DIR")
+
+
+@pytest.fixture(autouse=True)
+def isolated_environment(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """No test reads the developer's settings or `.env`."""
+    import os
+
+    for name in list(os.environ):
+        if name.startswith(SETTINGS_PREFIXES):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+
+
+@pytest.fixture
+def sqlite_engine() -> Iterator[Engine]:
+    engine = make_engine("sqlite://")
+    Base.metadata.create_all(engine)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def session_factory(sqlite_engine: Engine) -> sessionmaker[Session]:
+    return make_session_factory(sqlite_engine)

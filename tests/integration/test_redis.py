@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import redis
+
+from storage.redis import EmbeddedRedis, celery_broker_url, connect, resolve_redis_url
+
+pytestmark = pytest.mark.integration
+
+
+def test_embedded_redis_starts_answers_ping_and_is_shared_with_a_second_process(tmp_path) -> None:
+    embedded = EmbeddedRedis(str(tmp_path / "data")).start()
+    try:
+        client = connect(embedded.url)
+        assert client.ping() is True
+        client.set("written-by", "first process")
+        second = textwrap.dedent(f"""
+            from storage.redis import resolve_redis_url, connect
+            url = resolve_redis_url("", {str(tmp_path / "data")!r})
+            client = connect(url)
+            print(url)
+            print(client.get("written-by").decode())
+            client.set("written-by", "second process")
+        """)
+        result = subprocess.run([sys.executable, "-c", second], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        url, seen = result.stdout.split()[0], " ".join(result.stdout.split()[1:])
+        assert url == embedded.url
+        assert seen == "first process"
+        # The second process has exited: the server must still serve the first.
+        assert client.get("written-by") == b"second process"
+    finally:
+        embedded.stop()
+
+
+def test_embedded_redis_stops_when_its_last_holder_lets_go(tmp_path) -> None:
+    embedded = EmbeddedRedis(str(tmp_path / "data")).start()
+    url = embedded.url
+    embedded.stop()
+    with pytest.raises(redis.ConnectionError):
+        connect(url).ping()
+
+
+def test_configured_redis_url_is_used_as_is(redis_url: str, tmp_path) -> None:
+    assert resolve_redis_url(redis_url, str(tmp_path)) == redis_url
+    assert connect(redis_url).ping() is True
+    assert not (tmp_path / "redis.db.settings").exists()
+
+
+def test_celery_spelling_of_a_unix_socket_url() -> None:
+    assert celery_broker_url("unix:///tmp/x/redis.socket") == "redis+socket:///tmp/x/redis.socket"
+    assert celery_broker_url("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
