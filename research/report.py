@@ -1,0 +1,484 @@
+"""The delivered report and its renderings: Markdown, self-contained HTML (no script) and JSON."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import datetime as dt
+import html
+import re
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, Field
+
+STOPPED_BY_USER_LINE = "[Research stopped by user]"
+SNIPPET_LABEL = "search snippet"
+SEPARATOR = " · "
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+class ReportSource(BaseModel):
+    """A source as the reader sees it: its number `[n]` in order of first use, and the passages cited from it."""
+
+    number: int
+    source_id: str
+    title: str
+    url: str
+    provider: str = ""
+    passages_used: list[str] = Field(default_factory=list)
+    snippet_only: bool = False
+
+
+class CitedPassage(BaseModel):
+    """The text of a passage the report cites, kept so that a reader can check the claim."""
+
+    id: str
+    source_id: str
+    source_number: int
+    text: str
+    is_snippet: bool = False
+
+
+class AuditFigures(BaseModel):
+    """What the citation audit found; `sentences_total` counts factual (claim) sentences only."""
+
+    sentences_total: int = 0
+    sentences_verified: int = 0
+    sentences_unverified: int = 0
+    citations_checked: int = 0
+    citations_supported: int = 0
+    citations_removed: int = 0
+    fabricated_removed: int = 0
+    judged_by_llm: int = 0
+
+
+class ModelUsage(BaseModel):
+    """LLM calls and tokens spent on one model."""
+
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float = 0.0
+
+
+class UsageSummary(BaseModel):
+    """What the run spent: LLM calls and tokens per model, cost, searches per provider, pages, bytes, time."""
+
+    llm: dict[str, ModelUsage] = Field(default_factory=dict)
+    total_tokens: int = 0
+    cost: float = 0.0
+    search_calls: dict[str, int] = Field(default_factory=dict)
+    pages_fetched: int = 0
+    bytes_fetched: int = 0
+    seconds: float = 0.0
+
+    def record_llm_call(self, model: str, *, prompt_tokens: int, completion_tokens: int, cost: float = 0.0) -> None:
+        """Add one LLM call to the model's figures and to the totals."""
+        usage = self.llm.setdefault(model, ModelUsage())
+        usage.calls += 1
+        usage.prompt_tokens += prompt_tokens
+        usage.completion_tokens += completion_tokens
+        usage.cost += cost
+        self.total_tokens += prompt_tokens + completion_tokens
+        self.cost += cost
+
+    def record_search_call(self, provider: str) -> None:
+        """Count one call to a search provider."""
+        self.search_calls[provider] = self.search_calls.get(provider, 0) + 1
+
+
+class Report(BaseModel):
+    """A finished (or partial) report: body with `[n]` citations, sources, cited passages, audit and usage."""
+
+    title: str
+    question: str = ""
+    mode: str = "research"
+    body_markdown: str
+    sources: list[ReportSource] = Field(default_factory=list)
+    cited_passages: list[CitedPassage] = Field(default_factory=list)
+    audit: AuditFigures = Field(default_factory=AuditFigures)
+    usage: UsageSummary = Field(default_factory=UsageSummary)
+    phase_seconds: dict[str, float] = Field(default_factory=dict)
+    partial: bool = False
+    partial_reason: str | None = None
+    skipped_providers: dict[str, str] = Field(default_factory=dict)
+    stopped_by_user: bool = False
+    plan: dict[str, Any] | None = None
+    created_at: dt.datetime = Field(default_factory=_now)
+
+
+# --- shared pieces -------------------------------------------------------------------------------
+
+_H1_LINE = re.compile(r"^#\s+(.+?)\s*#*\s*$")
+
+
+def split_title(markdown: str) -> tuple[str | None, str]:
+    """The text of the Markdown's leading `# ` heading (if its first non-blank line is one) and the rest."""
+    lines = markdown.splitlines()
+    for index, line in enumerate(lines):
+        if not line.strip():
+            continue
+        match = _H1_LINE.match(line.strip())
+        if match is None:
+            return None, markdown
+        return match.group(1), "\n".join(lines[index + 1:]).strip("\n")
+    return None, markdown
+
+
+def _plural(count: int, singular: str, plural: str | None = None) -> str:
+    return f"{count:,} {singular if count == 1 else (plural or singular + 's')}"
+
+
+def audit_line(report: Report) -> str:
+    """The footer's audit line, e.g. "18 of 20 sentences verified · 1 citation removed · brave skipped: rate limited"."""
+    audit = report.audit
+    parts = [f"{audit.sentences_verified:,} of {_plural(audit.sentences_total, 'sentence')} verified"]
+    if audit.citations_removed:
+        parts.append(f"{_plural(audit.citations_removed, 'citation')} removed")
+    if audit.fabricated_removed:
+        parts.append(f"{_plural(audit.fabricated_removed, 'fabricated citation')} removed")
+    if audit.sentences_unverified:
+        parts.append(f"{_plural(audit.sentences_unverified, 'sentence')} unverified")
+    parts.extend(f"{provider} skipped: {reason}" for provider, reason in report.skipped_providers.items())
+    return SEPARATOR.join(parts)
+
+
+def _format_seconds(seconds: float) -> str:
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole} s"
+    minutes, rest = divmod(whole, 60)
+    return f"{minutes} min {rest} s"
+
+
+def usage_line(report: Report) -> str:
+    """The footer's usage line, e.g. "12,345 tokens · $0.0123 · 41 s"."""
+    usage = report.usage
+    return SEPARATOR.join([_plural(usage.total_tokens, "token"), f"${usage.cost:,.4f}", _format_seconds(usage.seconds)])
+
+
+def partial_notice(report: Report) -> str | None:
+    """The sentence that says the report is partial and why, or None for a complete report."""
+    if not report.partial:
+        return None
+    reason = _single_line(report.partial_reason or "").rstrip(".")
+    return f"⚠️ Partial report: {reason}." if reason else "⚠️ Partial report."
+
+
+def _single_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _body_without_duplicate_title(report: Report) -> tuple[bool, str]:
+    """Whether the body already opens with its own `# ` title, and the body stripped of edge blank lines."""
+    title, _ = split_title(report.body_markdown)
+    return title is not None, report.body_markdown.strip("\n")
+
+
+# --- Markdown ------------------------------------------------------------------------------------
+
+def _markdown_source_line(source: ReportSource) -> str:
+    title = _single_line(source.title) or source.url
+    line = f"[{source.number}] {title} — {source.url}" if source.url else f"[{source.number}] {title}"
+    return f"{line} ({SNIPPET_LABEL})" if source.snippet_only else line
+
+
+def render_markdown(report: Report) -> str:
+    """The report as Markdown: title, body, numbered sources, then the audit and usage footer."""
+    has_own_title, body = _body_without_duplicate_title(report)
+    sections: list[str] = []
+    if not has_own_title:
+        sections.append(f"# {_single_line(report.title)}")
+    if body:
+        sections.append(body)
+    if report.sources:
+        # Two trailing spaces make a hard line break, so each source stays on its own line everywhere.
+        sections.append("## Sources\n\n" + "  \n".join(_markdown_source_line(source) for source in report.sources))
+    footer = [line for line in (partial_notice(report), audit_line(report), usage_line(report)) if line]
+    sections.append("---\n\n" + "  \n".join(footer))
+    if report.stopped_by_user:
+        sections.append(STOPPED_BY_USER_LINE)
+    return "\n\n".join(sections) + "\n"
+
+
+# --- HTML ----------------------------------------------------------------------------------------
+
+_STYLE = """
+body { font-family: -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-serif; line-height: 1.55;
+       max-width: 46rem; margin: 2rem auto; padding: 0 1rem; color: #1f2328; }
+h1, h2, h3 { line-height: 1.25; }
+a { color: #0969da; }
+a.cite { text-decoration: none; font-size: 0.85em; vertical-align: super; }
+.question { color: #59636e; font-style: italic; }
+.sources li { margin-bottom: 0.4rem; overflow-wrap: anywhere; }
+.sources .url, .sources .provider { color: #59636e; font-size: 0.9em; }
+.snippet { background: #fff8c5; border-radius: 0.25rem; padding: 0 0.3rem; font-size: 0.85em; }
+.partial { background: #fff8c5; padding: 0.5rem 0.75rem; border-radius: 0.25rem; }
+footer { border-top: 1px solid #d1d9e0; margin-top: 2rem; padding-top: 0.75rem; color: #59636e; font-size: 0.9em; }
+pre { background: #f6f8fa; padding: 0.75rem; overflow-x: auto; }
+table { border-collapse: collapse; } th, td { border: 1px solid #d1d9e0; padding: 0.25rem 0.5rem; }
+blockquote { border-left: 0.25rem solid #d1d9e0; margin-left: 0; padding-left: 1rem; color: #59636e; }
+"""
+
+_ALLOWED_SCHEMES = frozenset({"http", "https"})
+
+
+def safe_http_url(url: str) -> str | None:
+    """`url` if it is an absolute http(s) URL without whitespace or control characters, else None."""
+    candidate = url.strip()
+    if not candidate or any(character.isspace() or ord(character) < 32 or ord(character) == 127 for character in candidate):
+        return None
+    try:
+        parts = urlsplit(candidate)
+    except ValueError:
+        return None
+    if parts.scheme.lower() not in _ALLOWED_SCHEMES or not parts.netloc:
+        return None
+    return candidate
+
+
+def _escape(text: str) -> str:
+    return html.escape(text, quote=True)
+
+
+def _link(url: str, text_html: str, *, css_class: str | None = None) -> str:
+    class_attribute = f' class="{css_class}"' if css_class else ""
+    return f'<a{class_attribute} href="{_escape(url)}" rel="noopener noreferrer nofollow">{text_html}</a>'
+
+
+_CODE_SPAN = re.compile(r"`([^`\n]+)`")
+_MARKDOWN_LINK = re.compile(r"\[([^\[\]\n]+)\]\(\s*((?:[^()\s]|\([^()\s]*\))+)(?:\s+\"[^\"\n]*\")?\s*\)")
+_AUTOLINK = re.compile(r"<(https?://[^\s<>]+)>", re.IGNORECASE)
+_BARE_URL = re.compile(r"\bhttps?://[^\s<>()\[\]\"'`]+", re.IGNORECASE)
+_CITATION = re.compile(r"\[(\d{1,4})\]")
+_BOLD = re.compile(r"\*\*(?=\S)(.+?)(?<=\S)\*\*|__(?=\S)(.+?)(?<=\S)__")
+_ITALIC = re.compile(r"(?<![\w*])\*(?=[^\s*])(.+?)(?<=[^\s*])\*(?![\w*])|(?<![\w_])_(?=[^\s_])(.+?)(?<=[^\s_])_(?![\w_])")
+_PLACEHOLDER = re.compile(r"\x00(\d+)\x00")
+_TRAILING_URL_PUNCTUATION = ".,;:!?"
+
+
+def _inline_html(text: str) -> str:
+    """Markdown inline text as escaped HTML: code, http(s) links, `[n]` citations, bold and italic."""
+    pieces: list[str] = []
+
+    def hold(fragment_html: str) -> str:
+        pieces.append(fragment_html)
+        return f"\x00{len(pieces) - 1}\x00"
+
+    def markdown_link(match: re.Match[str]) -> str:
+        url = safe_http_url(match.group(2))
+        if url is None:
+            return hold(_escape(match.group(0)))
+        return hold(_link(url, _escape(match.group(1))))
+
+    def bare_url(match: re.Match[str]) -> str:
+        raw = match.group(0)
+        trimmed = raw.rstrip(_TRAILING_URL_PUNCTUATION)
+        url = safe_http_url(trimmed)
+        link = _link(url, _escape(trimmed)) if url else _escape(trimmed)
+        return hold(link) + _escape(raw[len(trimmed):])
+
+    def autolink(match: re.Match[str]) -> str:
+        url = safe_http_url(match.group(1))
+        return hold(_link(url, _escape(url)) if url else _escape(match.group(0)))
+
+    def citation(match: re.Match[str]) -> str:
+        number = match.group(1)
+        return hold(_link_to_source(int(number)))
+
+    text = text.replace("\x00", "")
+    text = _CODE_SPAN.sub(lambda match: hold(f"<code>{_escape(match.group(1))}</code>"), text)
+    text = _MARKDOWN_LINK.sub(markdown_link, text)
+    text = _AUTOLINK.sub(autolink, text)
+    text = _BARE_URL.sub(bare_url, text)
+    text = _CITATION.sub(citation, text)
+    text = _escape(text)
+    text = _BOLD.sub(lambda match: f"<strong>{match.group(1) or match.group(2)}</strong>", text)
+    text = _ITALIC.sub(lambda match: f"<em>{match.group(1) or match.group(2)}</em>", text)
+    # Placeholders can nest (a citation inside link text never does, but be safe): restore until stable.
+    while _PLACEHOLDER.search(text):
+        text = _PLACEHOLDER.sub(lambda match: pieces[int(match.group(1))], text)
+    return text
+
+
+def _link_to_source(number: int) -> str:
+    return f'<a class="cite" href="#source-{number}">[{number}]</a>'
+
+
+_FENCE = re.compile(r"^\s*(```|~~~)")
+_HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
+_RULE = re.compile(r"^\s{0,3}([-*_])(?:\s*\1){2,}\s*$")
+_BULLET_ITEM = re.compile(r"^(\s*)[-*+]\s+(.*)$")
+_NUMBERED_ITEM = re.compile(r"^(\s*)(\d{1,9})[.)]\s+(.*)$")
+_QUOTE = re.compile(r"^\s{0,3}>\s?(.*)$")
+_TABLE_ROW = re.compile(r"^\s*\|(.*)\|?\s*$")
+_TABLE_SEPARATOR = re.compile(r"^\s*\|?\s*:?-{2,}:?\s*(\|\s*:?-{2,}:?\s*)*\|?\s*$")
+
+
+class _HtmlBuilder:
+    """Turns Markdown lines into HTML blocks; every piece of text goes through `_inline_html` or `_escape`."""
+
+    def __init__(self) -> None:
+        self.output: list[str] = []
+        self.paragraph: list[str] = []
+        self.list_kind: str | None = None
+        self.list_items: list[str] = []
+        self.list_start = 1
+        self.quote: list[str] = []
+        self.table: list[list[str]] = []
+
+    def flush(self) -> None:
+        if self.paragraph:
+            self.output.append(f"<p>{_inline_html(' '.join(line.strip() for line in self.paragraph))}</p>")
+            self.paragraph = []
+        if self.list_kind is not None:
+            items = "".join(f"<li>{_inline_html(item)}</li>" for item in self.list_items)
+            start = f' start="{self.list_start}"' if self.list_kind == "ol" and self.list_start != 1 else ""
+            self.output.append(f"<{self.list_kind}{start}>{items}</{self.list_kind}>")
+            self.list_kind, self.list_items = None, []
+        if self.quote:
+            self.output.append(f"<blockquote><p>{_inline_html(' '.join(self.quote))}</p></blockquote>")
+            self.quote = []
+        if self.table:
+            self.output.append(self._table_html())
+            self.table = []
+
+    def _table_html(self) -> str:
+        header, *rows = self.table
+        head = "".join(f"<th>{_inline_html(cell)}</th>" for cell in header)
+        body = "".join("<tr>" + "".join(f"<td>{_inline_html(cell)}</td>" for cell in row) + "</tr>" for row in rows)
+        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+    def add_list_item(self, kind: str, text: str, start: int = 1) -> None:
+        if self.list_kind != kind:
+            self.flush()
+            self.list_kind, self.list_start = kind, start
+        self.list_items.append(text)
+
+    def convert(self, markdown: str) -> str:
+        lines = markdown.splitlines()
+        index = 0
+        while index < len(lines):
+            line = lines[index]
+            if _FENCE.match(line):
+                self.flush()
+                fence = _FENCE.match(line).group(1)  # type: ignore[union-attr]
+                code: list[str] = []
+                index += 1
+                while index < len(lines) and not lines[index].strip().startswith(fence):
+                    code.append(lines[index])
+                    index += 1
+                self.output.append(f"<pre><code>{_escape(chr(10).join(code))}</code></pre>")
+            else:
+                self._convert_line(line)
+            index += 1
+        self.flush()
+        return "\n".join(self.output)
+
+    def _convert_line(self, line: str) -> None:
+        if not line.strip():
+            self.flush()
+            return
+        if heading := _HEADING.match(line):
+            self.flush()
+            level = len(heading.group(1))
+            self.output.append(f"<h{level}>{_inline_html(heading.group(2))}</h{level}>")
+        elif _RULE.match(line):
+            self.flush()
+            self.output.append("<hr>")
+        elif bullet := _BULLET_ITEM.match(line):
+            self.add_list_item("ul", bullet.group(2))
+        elif numbered := _NUMBERED_ITEM.match(line):
+            self.add_list_item("ol", numbered.group(3), int(numbered.group(2)))
+        elif quote := _QUOTE.match(line):
+            if not self.quote:
+                self.flush()
+            self.quote.append(quote.group(1).strip())
+        elif _TABLE_ROW.match(line):
+            if not self.table:
+                self.flush()
+            if not _TABLE_SEPARATOR.match(line):
+                self.table.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+        elif self.list_kind is not None and line[:1].isspace():
+            self.list_items[-1] += " " + line.strip()
+        else:
+            if self.list_kind is not None or self.quote or self.table:
+                self.flush()
+            self.paragraph.append(line)
+
+
+def markdown_to_html(markdown: str) -> str:
+    """A safe HTML fragment for the Markdown subset reports use; raw HTML is shown as text, only http(s) links."""
+    return _HtmlBuilder().convert(markdown)
+
+
+def _html_source_item(source: ReportSource) -> str:
+    title = _escape(_single_line(source.title) or source.url or source.source_id)
+    url = safe_http_url(source.url)
+    if url is not None:
+        parts = [_link(url, title), f'<span class="url">{_escape(url)}</span>']
+    else:
+        parts = [title] + ([f'<span class="url">{_escape(source.url)}</span>'] if source.url else [])
+    if source.provider:
+        parts.append(f'<span class="provider">via {_escape(source.provider)}</span>')
+    if source.snippet_only:
+        parts.append(f'<span class="snippet">{SNIPPET_LABEL}</span>')
+    return f'<li id="source-{source.number}" value="{source.number}">[{source.number}] ' + " ".join(parts) + "</li>"
+
+
+def _html_footer(report: Report) -> str:
+    lines = [f'<p class="partial">{_escape(notice)}</p>' for notice in [partial_notice(report)] if notice]
+    lines.append(f'<p class="audit">{_escape(audit_line(report))}</p>')
+    lines.append(f'<p class="usage">{_escape(usage_line(report))}</p>')
+    if report.stopped_by_user:
+        lines.append(f'<p class="stopped"><strong>{_escape(STOPPED_BY_USER_LINE)}</strong></p>')
+    return "<footer>\n" + "\n".join(lines) + "\n</footer>"
+
+
+def render_html(report: Report) -> str:
+    """The report as one self-contained HTML page: inline CSS, no script, every text escaped, `[n]` linked to its source."""
+    has_own_title, body = _body_without_duplicate_title(report)
+    title = _escape(_single_line(report.title))
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en">',
+        "<head>",
+        '<meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        '<meta name="referrer" content="no-referrer">',
+        f"<title>{title}</title>",
+        f"<style>{_STYLE}</style>",
+        "</head>",
+        "<body>",
+        "<article>",
+    ]
+    if not has_own_title:
+        parts.append(f"<h1>{title}</h1>")
+    if report.question:
+        parts.append(f'<p class="question">{_escape(_single_line(report.question))}</p>')
+    parts.append(markdown_to_html(body))
+    if report.sources:
+        parts.append("<h2>Sources</h2>")
+        parts.append('<ol class="sources">' + "".join(_html_source_item(source) for source in report.sources) + "</ol>")
+    parts.append(_html_footer(report))
+    parts.extend(["</article>", "</body>", "</html>"])
+    return "\n".join(parts) + "\n"
+
+
+# --- JSON ----------------------------------------------------------------------------------------
+
+def render_json(report: Report) -> str:
+    """The whole report as JSON, cited passages, audit and usage included."""
+    return report.model_dump_json(indent=2)
+
+
+def parse_report_json(text: str | bytes) -> Report:
+    """The report that `render_json` wrote; raises pydantic.ValidationError on anything else."""
+    return Report.model_validate_json(text)
+
+
+RENDERERS: dict[str, Callable[[Report], str]] = {"markdown": render_markdown, "html": render_html, "json": render_json}

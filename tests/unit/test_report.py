@@ -1,0 +1,204 @@
+"""The report model and its Markdown, HTML and JSON renderings."""
+
+from __future__ import annotations
+
+import datetime as dt
+from html.parser import HTMLParser
+
+import pydantic
+import pytest
+
+from research.report import (
+    STOPPED_BY_USER_LINE,
+    AuditFigures,
+    CitedPassage,
+    Report,
+    ReportSource,
+    UsageSummary,
+    markdown_to_html,
+    parse_report_json,
+    render_html,
+    render_json,
+    render_markdown,
+    split_title,
+)
+
+
+def make_report(**changes: object) -> Report:
+    usage = UsageSummary(search_calls={"tavily": 3}, pages_fetched=8, bytes_fetched=123_456, seconds=41.2)
+    usage.record_llm_call("big-model", prompt_tokens=10_000, completion_tokens=2_000, cost=0.0100)
+    usage.record_llm_call("fast-model", prompt_tokens=300, completion_tokens=45, cost=0.0023)
+    report = Report(
+        title="Solar power in 2023",
+        question="How fast did solar grow?",
+        body_markdown="## Summary\n\nSolar capacity grew by 45% in 2023 [1]. The tower opened in 1889 [2].",
+        sources=[
+            ReportSource(number=1, source_id="s2", title="Renewables 2024", url="https://energy.example/report",
+                         provider="tavily", passages_used=["p2"]),
+            ReportSource(number=2, source_id="s1", title="Tower history", url="https://tower.example/history",
+                         provider="duckduckgo", passages_used=["p1"], snippet_only=True),
+        ],
+        cited_passages=[
+            CitedPassage(id="p2", source_id="s2", source_number=1, text="Solar grew by 45% in 2023."),
+            CitedPassage(id="p1", source_id="s1", source_number=2, text="Opened in 1889.", is_snippet=True),
+        ],
+        audit=AuditFigures(sentences_total=20, sentences_verified=18, sentences_unverified=2, citations_checked=22,
+                           citations_supported=20, citations_removed=1, fabricated_removed=1, judged_by_llm=3),
+        usage=usage,
+        phase_seconds={"search": 3.5, "verify": 0.2},
+        skipped_providers={"brave": "rate limited"},
+    )
+    return report.model_copy(update=changes)
+
+
+class TagCollector(HTMLParser):
+    """Every start tag with its attributes, as a browser's parser would see them."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, dict(attrs)))
+
+    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, dict(attrs)))
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+
+
+def parse_html(document: str) -> TagCollector:
+    collector = TagCollector()
+    collector.feed(document)
+    collector.close()
+    return collector
+
+
+def assert_html_is_inert(document: str) -> None:
+    parsed = parse_html(document)
+    assert "<script" not in document.lower()
+    for tag, attributes in parsed.tags:
+        assert tag not in {"script", "iframe", "object", "embed", "img", "svg", "form", "base"}
+        assert not [name for name in attributes if name.startswith("on")]
+        href = attributes.get("href")
+        if href is not None:
+            assert href.startswith(("https://", "http://", "#")), href
+
+
+def test_usage_records_calls_per_model_and_totals() -> None:
+    usage = make_report().usage
+    assert usage.llm["big-model"].calls == 1 and usage.llm["fast-model"].completion_tokens == 45
+    assert usage.total_tokens == 12_345
+    assert usage.cost == pytest.approx(0.0123)
+
+
+def test_markdown_has_title_body_sources_and_footer() -> None:
+    markdown = render_markdown(make_report())
+    assert markdown.startswith("# Solar power in 2023\n\n## Summary\n\nSolar capacity grew by 45% in 2023 [1].")
+    assert "## Sources\n\n[1] Renewables 2024 — https://energy.example/report  \n" in markdown
+    assert "[2] Tower history — https://tower.example/history (search snippet)" in markdown
+    assert markdown.rstrip().endswith(
+        "18 of 20 sentences verified · 1 citation removed · 1 fabricated citation removed · 2 sentences unverified"
+        " · brave skipped: rate limited  \n12,345 tokens · $0.0123 · 41 s"
+    )
+    assert "Partial" not in markdown and STOPPED_BY_USER_LINE not in markdown
+
+
+def test_markdown_does_not_repeat_a_title_the_body_already_has() -> None:
+    markdown = render_markdown(make_report(body_markdown="# Own title\n\nText [1]."))
+    assert markdown.startswith("# Own title\n\nText [1].")
+    assert "Solar power in 2023" not in markdown
+
+
+def test_clean_audit_footer_omits_zero_counts() -> None:
+    report = make_report(audit=AuditFigures(sentences_total=3, sentences_verified=3), skipped_providers={})
+    assert "3 of 3 sentences verified  \n" in render_markdown(report)
+    assert "removed" not in render_markdown(report)
+
+
+def test_partial_report_says_why() -> None:
+    markdown = render_markdown(make_report(partial=True, partial_reason="time budget reached"))
+    assert "⚠️ Partial report: time budget reached." in markdown
+    assert "Partial report: time budget reached." in render_html(make_report(partial=True, partial_reason="time budget reached"))
+
+
+def test_stopped_report_ends_with_the_stopped_line() -> None:
+    report = make_report(stopped_by_user=True, partial=True, partial_reason="stopped by user")
+    assert render_markdown(report).rstrip().endswith(STOPPED_BY_USER_LINE)
+    html_document = render_html(report)
+    footer = html_document[html_document.index("<footer>"):]
+    assert footer.index("usage") < footer.index(STOPPED_BY_USER_LINE)
+
+
+def test_html_links_citations_to_source_anchors() -> None:
+    document = render_html(make_report())
+    parsed = parse_html(document)
+    cite_targets = [attributes["href"] for tag, attributes in parsed.tags if attributes.get("class") == "cite"]
+    assert cite_targets == ["#source-1", "#source-2"]
+    anchors = {attributes.get("id") for tag, attributes in parsed.tags if tag == "li"}
+    assert {"source-1", "source-2"} <= anchors
+    assert '<a href="https://energy.example/report" rel="noopener noreferrer nofollow">Renewables 2024</a>' in document
+    assert '<span class="snippet">search snippet</span>' in document
+    assert "18 of 20 sentences verified" in document
+
+
+def test_html_escapes_hostile_title_body_and_urls() -> None:
+    hostile = make_report(
+        title='<script>alert("t")</script>',
+        question='<img src=x onerror=alert(1)>',
+        body_markdown=(
+            "Text <script>alert('b')</script> and <a href=\"javascript:alert(2)\" onclick=\"x()\">link</a> [1].\n\n"
+            "- [click](javascript:alert(3)) and [data](data:text/html,<script>alert(4)</script>)\n"
+            "- <svg onload=alert(5)> **bold** _it_\n\n"
+            "```\n<script>alert(6)</script>\n```"
+        ),
+        sources=[
+            ReportSource(number=1, source_id="s1", title='"><script>alert(7)</script>', url="javascript:alert(8)"),
+            ReportSource(number=2, source_id="s2", title="ok", url='https://x.example/"onmouseover="alert(9)'),
+        ],
+        skipped_providers={"brave": "<b>rate</b> limited"},
+    )
+    document = render_html(hostile)
+    assert_html_is_inert(document)
+    text = "".join(parse_html(document).text)
+    assert '<script>alert("t")</script>' in text
+    assert "<img src=x onerror=alert(1)>" in text
+    assert "<svg onload=alert(5)>" in text
+    assert "<b>rate</b> limited" in text
+
+
+def test_html_renders_the_markdown_subset() -> None:
+    fragment = markdown_to_html(
+        "## Findings\n\nSome **bold** and *italic* and `code` text, see [docs](https://docs.example/a_b_(c)).\n\n"
+        "- first\n- second\n\n3. third\n4. fourth\n\n> quoted\n\n| A | B |\n|---|---|\n| 1 | 2 |\n\n---\n"
+        "Visit https://site.example/path_with_underscores. Done [12]."
+    )
+    assert "<h2>Findings</h2>" in fragment
+    assert "<strong>bold</strong>" in fragment and "<em>italic</em>" in fragment and "<code>code</code>" in fragment
+    assert '<a href="https://docs.example/a_b_(c)" rel="noopener noreferrer nofollow">docs</a>' in fragment
+    assert "<ul><li>first</li><li>second</li></ul>" in fragment
+    assert '<ol start="3"><li>third</li><li>fourth</li></ol>' in fragment
+    assert "<blockquote><p>quoted</p></blockquote>" in fragment
+    assert "<thead><tr><th>A</th><th>B</th></tr></thead><tbody><tr><td>1</td><td>2</td></tr></tbody>" in fragment
+    assert "<hr>" in fragment
+    assert '>https://site.example/path_with_underscores</a>.' in fragment
+    assert '<a class="cite" href="#source-12">[12]</a>' in fragment
+
+
+def test_json_round_trips_to_an_equal_report() -> None:
+    report = make_report(partial=True, partial_reason="token budget", created_at=dt.datetime(2024, 5, 1, 12, tzinfo=dt.timezone.utc))
+    text = render_json(report)
+    assert parse_report_json(text) == report
+    assert "Solar grew by 45% in 2023." in text
+
+
+def test_json_parser_rejects_what_is_not_a_report() -> None:
+    with pytest.raises(pydantic.ValidationError):
+        parse_report_json('{"title": "no body"}')
+
+
+def test_split_title_takes_the_leading_heading() -> None:
+    assert split_title("\n# A title\n\n## Summary\n\nText.") == ("A title", "## Summary\n\nText.")
+    assert split_title("## Summary\n\nText.") == (None, "## Summary\n\nText.")
