@@ -1,0 +1,462 @@
+"""Main text from fetched bytes: HTML through trafilatura (with a plain fallback), PDF, plain text, snippets.
+
+Every function here is top-level and takes and returns plain picklable data, so the caller can run
+it in a process pool (see `research.cpu`).
+"""
+
+from __future__ import annotations
+
+import codecs
+import copy
+import logging
+import re
+import threading
+import unicodedata
+from collections.abc import Sequence
+from typing import Literal
+
+import lxml.etree
+import lxml.html
+import trafilatura
+from charset_normalizer import from_bytes
+from trafilatura.settings import Document as TrafilaturaDocument
+from trafilatura.utils import load_html
+
+from research.models import Document, SearchResult
+
+DEFAULT_MAX_PDF_PAGES = 50
+DEFAULT_MAX_TEXT_CHARACTERS = 300_000
+
+BodyKind = Literal["html", "pdf", "text"]
+
+_HTML_CONTENT_TYPES = frozenset({"text/html", "application/xhtml+xml", "application/xml", "text/xml"})
+_TEXT_CONTENT_TYPES = frozenset({"text/plain", "text/markdown", "text/x-markdown", "text/csv"})
+_PDF_CONTENT_TYPES = frozenset({"application/pdf", "application/x-pdf"})
+
+_CHARSET_PARAMETER = re.compile(r"""charset\s*=\s*["']?([\w.:-]+)""", re.IGNORECASE)
+_META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([\w.:-]+)""", re.IGNORECASE)
+_XML_ENCODING = re.compile(rb"""^\s*<\?xml[^>]+encoding\s*=\s*["']([\w.:-]+)["']""", re.IGNORECASE)
+_HTML_SIGNATURE = re.compile(rb"<(?:!doctype\s+html|html|head|body|title|meta|div|p)[\s>]", re.IGNORECASE)
+_LATIN_ENCODINGS = frozenset({"iso-8859-1", "iso8859-1", "latin-1", "latin1", "l1", "us-ascii", "ascii", "windows-1252", "cp1252"})
+_BOMS: tuple[tuple[bytes, str], ...] = (
+    (codecs.BOM_UTF8, "utf-8-sig"),
+    (codecs.BOM_UTF32_LE, "utf-32"),
+    (codecs.BOM_UTF32_BE, "utf-32"),
+    (codecs.BOM_UTF16_LE, "utf-16"),
+    (codecs.BOM_UTF16_BE, "utf-16"),
+)
+
+# Elements whose text is never the page's main content.
+_BOILERPLATE_TAGS = (
+    "script", "style", "noscript", "template", "svg", "canvas", "iframe", "object", "embed",
+    "nav", "header", "footer", "aside", "form", "button", "select", "textarea", "menu", "dialog",
+)
+_BOILERPLATE_ROLES = frozenset({"navigation", "banner", "contentinfo", "complementary", "search", "menu", "menubar", "dialog"})
+_BLOCK_TAGS = ("p", "h1", "h2", "h3", "h4", "h5", "h6", "li", "pre", "blockquote", "dt", "dd", "td", "th", "figcaption")
+_PREFORMATTED_TAGS = ("pre", "textarea", "listing", "plaintext", "xmp")
+_MAIN_CONTAINER_XPATH = "//main | //article | //*[@role='main'] | //*[@id='content'] | //*[@id='main']"
+
+_SOURCE_WHITESPACE = re.compile(r"\s+")
+_SPACES = re.compile(r"[ \t\f\v\u00a0\u2000-\u200a\u202f\u205f\u3000]+")
+_MANY_BLANK_LINES = re.compile(r"\n{3,}")
+_LINE_ENDS_SENTENCE = re.compile(r"[.!?:;…。！？][\"'”’)\]]*$")
+_LINE_ENDS_IN_URL_SCHEME = re.compile(r"\bhttps?:$")
+# Table-of-contents dot leaders: ". . . . ." or "......".
+_DOT_LEADERS = re.compile(r"(?:[ \t]?\.){4,}")
+_LINE_STARTS_BLOCK = re.compile(r"^(?:[•◦▪●·*\-–—#>]|\d+[.)]\s|[A-Za-z][.)]\s)")
+
+# pdfium is not thread-safe; a process-wide lock keeps threaded callers correct.
+_PDFIUM_LOCK = threading.Lock()
+
+logger = logging.getLogger(__name__)
+
+
+def extract_document(
+    url: str,
+    body: bytes,
+    content_type: str | None,
+    *,
+    max_pdf_pages: int = DEFAULT_MAX_PDF_PAGES,
+    max_text_characters: int = DEFAULT_MAX_TEXT_CHARACTERS,
+) -> Document | None:
+    """The main text of a fetched HTML, XHTML, PDF or plain-text body, or None when it holds nothing readable."""
+    kind = detect_body_kind(body, content_type)
+    if kind == "html":
+        return extract_html(url, body, content_type, max_text_characters=max_text_characters)
+    if kind == "pdf":
+        return extract_pdf(url, body, max_pages=max_pdf_pages, max_text_characters=max_text_characters)
+    if kind == "text":
+        return extract_plain_text(url, body, content_type, max_text_characters=max_text_characters)
+    return None
+
+
+def detect_body_kind(body: bytes, content_type: str | None) -> BodyKind | None:
+    """What a body is, from its leading bytes first and its declared media type second; None for other binaries."""
+    head = body[:2048].lstrip()
+    if head.startswith(b"%PDF-"):
+        return "pdf"
+    media_type = _media_type(content_type)
+    if media_type in _PDF_CONTENT_TYPES:
+        return None  # declared a PDF but has no PDF signature
+    if media_type in _HTML_CONTENT_TYPES:
+        return "html"
+    if media_type in _TEXT_CONTENT_TYPES:
+        return "text"
+    if _HTML_SIGNATURE.search(head):
+        return "html"
+    if media_type is None and _looks_like_text(head):
+        return "text"
+    return None
+
+
+def decode_body(body: bytes, content_type: str | None = None) -> str:
+    """Text of a body, decoded by its byte-order mark, declared charset, in-document declaration, UTF-8, or a guess, in that order."""
+    for bom, encoding in _BOMS:
+        if body.startswith(bom):
+            return body.decode(encoding, errors="replace")
+    for encoding in _declared_encodings(body, content_type):
+        try:
+            return body.decode(encoding)
+        except (LookupError, UnicodeDecodeError):
+            continue
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError:
+        pass
+    best_guess = from_bytes(body[:65536]).best()
+    if best_guess is not None:
+        return body.decode(best_guess.encoding, errors="replace")
+    return body.decode("utf-8", errors="replace")
+
+
+def extract_html(
+    url: str,
+    body: bytes,
+    content_type: str | None = None,
+    *,
+    max_text_characters: int = DEFAULT_MAX_TEXT_CHARACTERS,
+) -> Document | None:
+    """The article text, title, author and date of an HTML page; the plain fallback extractor when trafilatura finds nothing."""
+    tree = parse_html(decode_body(body, content_type))
+    if tree is None:
+        return None
+    extracted = _trafilatura_extraction(tree, url)
+    text = _clean_text(extracted.text) if extracted is not None and extracted.text else ""
+    if not text:
+        text = _fallback_text_of_tree(tree)
+    if not text:
+        return None
+    return Document(
+        url=url,
+        kind="html",
+        text=_capped(text, max_text_characters),
+        title=_clean_title(extracted.title if extracted is not None else None) or _title_of_tree(tree),
+        author=extracted.author if extracted is not None else None,
+        published=extracted.date if extracted is not None else None,
+    )
+
+
+def parse_html(html: str) -> lxml.html.HtmlElement | None:
+    """A page's lxml tree, parsed as trafilatura parses it, with source line breaks inside text collapsed; None when it is not HTML."""
+    tree = load_html(html)
+    if tree is None:
+        tree = _parse_leniently(html)
+    if tree is None:
+        return None
+    _collapse_source_whitespace(tree)
+    return tree
+
+
+def fallback_html_text(html: str) -> str:
+    """The block text of a page's main container (or body), without navigation, headers, footers, scripts or forms."""
+    tree = parse_html(html)
+    return _fallback_text_of_tree(tree) if tree is not None else ""
+
+
+def html_title(html: str) -> str | None:
+    """The text of a page's <title> element, or None."""
+    tree = parse_html(html)
+    return _title_of_tree(tree) if tree is not None else None
+
+
+def extract_pdf(
+    url: str,
+    body: bytes,
+    *,
+    max_pages: int = DEFAULT_MAX_PDF_PAGES,
+    max_text_characters: int = DEFAULT_MAX_TEXT_CHARACTERS,
+) -> Document | None:
+    """The text of a PDF's first `max_pages` pages with its title and author, or None when it is unreadable or has no text."""
+    try:
+        page_texts, metadata = _pdfium_pages(body, max_pages)
+    except Exception as error:  # pdfium raises its own error types and ctypes errors on broken files
+        logger.info("pdfium could not read %s (%s); trying pypdf", url, type(error).__name__)
+        try:
+            page_texts, metadata = _pypdf_pages(body, max_pages)
+        except Exception as second_error:  # pypdf raises many error types on broken files
+            logger.info("pypdf could not read %s either (%s)", url, type(second_error).__name__)
+            return None
+    text = _clean_text("\n\n".join(unwrap_lines(page) for page in page_texts))
+    if not text:
+        return None
+    return Document(
+        url=url,
+        kind="pdf",
+        text=_capped(text, max_text_characters),
+        title=metadata.get("title") or None,
+        author=metadata.get("author") or None,
+    )
+
+
+def unwrap_lines(text: str) -> str:
+    """Hard-wrapped text (a PDF page, a plain-text file) with hyphenated line ends rejoined and wrapped lines joined.
+
+    A line break stays where a line ends a sentence, falls well short of the usual line width (a
+    heading or a paragraph's last line), or comes before a list item or Markdown heading.
+    """
+    normalized = text.replace("\r\n", "\n").replace("\r", "\n")
+    normalized = normalized.replace("\x02\n", "").replace("\x02", "").replace("\u00ad\n", "")
+    normalized = _DOT_LEADERS.sub(" … ", normalized)
+    lines = [_SPACES.sub(" ", line).strip() for line in normalized.split("\n")]
+    short_line = 0.6 * _usual_line_length(lines)
+    merged: list[str] = []
+    previous_line = ""
+    for line in lines:
+        if not line:
+            if merged and merged[-1]:
+                merged.append("")
+            previous_line = ""
+            continue
+        if merged and merged[-1] and _continues_previous_line(previous_line, line, short_line):
+            merged[-1] = f"{merged[-1]} {line}"
+        else:
+            merged.append(line)
+        previous_line = line
+    return "\n".join(merged)
+
+
+def _usual_line_length(lines: list[str]) -> float:
+    """The length of a long-ish line of a page (its 80th percentile), the width wrapped lines reach."""
+    lengths = sorted(len(line) for line in lines if line)
+    if not lengths:
+        return 0.0
+    return float(lengths[int(0.8 * (len(lengths) - 1))])
+
+
+def _continues_previous_line(previous_line: str, line: str, short_line: float) -> bool:
+    """Whether a line is the wrapped continuation of the one before it."""
+    if previous_line.startswith("#") or _LINE_STARTS_BLOCK.match(line):
+        return False
+    if _LINE_ENDS_SENTENCE.search(previous_line) and not _LINE_ENDS_IN_URL_SCHEME.search(previous_line):
+        return False
+    return len(previous_line) >= short_line
+
+
+def extract_plain_text(
+    url: str,
+    body: bytes,
+    content_type: str | None = None,
+    *,
+    max_text_characters: int = DEFAULT_MAX_TEXT_CHARACTERS,
+) -> Document | None:
+    """A plain-text body as a document, or None when it is empty."""
+    text = _clean_text(unwrap_lines(decode_body(body, content_type)))
+    if not text:
+        return None
+    return Document(url=url, kind="text", text=_capped(text, max_text_characters))
+
+
+def snippet_documents(results: Sequence[SearchResult]) -> list[tuple[str, Document]]:
+    """Search results' snippets as stand-in documents keyed by source id, for when every fetch failed; empty snippets are left out."""
+    documents: list[tuple[str, Document]] = []
+    for result in results:
+        pieces = [_SPACES.sub(" ", piece).strip() for piece in (result.snippet, *result.extra_snippets)]
+        text = "\n".join(dict.fromkeys(piece for piece in pieces if piece))
+        if text:
+            documents.append((result.id, Document(url=result.url, kind="snippet", text=text, title=result.title or None)))
+    return documents
+
+
+def _trafilatura_extraction(tree: lxml.html.HtmlElement, url: str) -> TrafilaturaDocument | None:
+    """trafilatura's extraction of a parsed page, without comments and with metadata; None when it finds nothing."""
+    try:
+        extracted = trafilatura.bare_extraction(tree, url=url or None, include_comments=False, with_metadata=True)
+    except (ValueError, TypeError, lxml.etree.LxmlError) as error:
+        logger.info("trafilatura failed on %s (%s)", url, type(error).__name__)
+        return None
+    return extracted if isinstance(extracted, TrafilaturaDocument) else None
+
+
+def _fallback_text_of_tree(tree: lxml.html.HtmlElement) -> str:
+    """The block text of a tree's main container (or body), after removing boilerplate from a copy of it."""
+    root = copy.deepcopy(tree)
+    _remove_boilerplate(root)
+    containers = root.xpath(_MAIN_CONTAINER_XPATH)
+    container = max(containers, key=_text_length) if containers else root.find(".//body")
+    if container is None:
+        container = root
+    blocks = [_element_text(element) for element in container.iter(*_BLOCK_TAGS) if not _has_block_ancestor_within(element, container)]
+    blocks = [block for block in blocks if block]
+    if not blocks:
+        blocks = [line for line in (_SPACES.sub(" ", line).strip() for line in container.text_content().splitlines()) if line]
+    return _clean_text("\n".join(blocks))
+
+
+def _title_of_tree(tree: lxml.html.HtmlElement) -> str | None:
+    """The text of a tree's <title> element, or None."""
+    return _clean_title(tree.findtext(".//title"))
+
+
+def _clean_title(title: str | None) -> str | None:
+    """A title on one line without a trailing heading anchor (Sphinx's ¶), or None when empty."""
+    cleaned = _SPACES.sub(" ", " ".join((title or "").split())).rstrip("¶ ")
+    return cleaned or None
+
+
+def _collapse_source_whitespace(tree: lxml.html.HtmlElement) -> None:
+    """Turn runs of whitespace holding a line break into one space outside preformatted elements, as a browser renders them."""
+    preformatted: set[lxml.html.HtmlElement] = set()
+    for block in tree.iter(*_PREFORMATTED_TAGS):
+        preformatted.update(block.iter())
+    for element in tree.iter():
+        text, tail = element.text, element.tail
+        if text and "\n" in text and element not in preformatted and isinstance(element.tag, str):
+            element.text = _SOURCE_WHITESPACE.sub(" ", text)
+        if tail and "\n" in tail and (not preformatted or element.getparent() not in preformatted):
+            element.tail = _SOURCE_WHITESPACE.sub(" ", tail)
+
+
+def _pdfium_pages(body: bytes, max_pages: int) -> tuple[list[str], dict[str, str]]:
+    """Text of each of the first pages and the title/author metadata, read with pdfium."""
+    import pypdfium2  # imported here so HTML-only workers never load the native library
+
+    with _PDFIUM_LOCK:
+        document = pypdfium2.PdfDocument(body)
+        try:
+            metadata = document.get_metadata_dict(skip_empty=True)
+            texts: list[str] = []
+            for index in range(min(len(document), max_pages)):
+                page = document[index]
+                textpage = page.get_textpage()
+                texts.append(textpage.get_text_bounded())
+                textpage.close()
+                page.close()
+        finally:
+            document.close()
+    return texts, {"title": metadata.get("Title", ""), "author": metadata.get("Author", "")}
+
+
+def _pypdf_pages(body: bytes, max_pages: int) -> tuple[list[str], dict[str, str]]:
+    """Text of each of the first pages and the title/author metadata, read with pypdf."""
+    import io
+
+    import pypdf
+
+    reader = pypdf.PdfReader(io.BytesIO(body))
+    texts = [reader.pages[index].extract_text() or "" for index in range(min(len(reader.pages), max_pages))]
+    info = reader.metadata
+    title = str(info.title) if info is not None and info.title else ""
+    author = str(info.author) if info is not None and info.author else ""
+    return texts, {"title": title, "author": author}
+
+
+def _media_type(content_type: str | None) -> str | None:
+    """The bare lower-case media type of a Content-Type header value."""
+    if not content_type:
+        return None
+    return content_type.split(";", 1)[0].strip().lower() or None
+
+
+def _declared_encodings(body: bytes, content_type: str | None) -> list[str]:
+    """Encodings named by the Content-Type header, then by an XML declaration or <meta> tag near the start."""
+    encodings: list[str] = []
+    if content_type and (header_match := _CHARSET_PARAMETER.search(content_type)):
+        encodings.append(header_match.group(1))
+    head = body[:4096]
+    for pattern in (_XML_ENCODING, _META_CHARSET):
+        if in_document_match := pattern.search(head):
+            encodings.append(in_document_match.group(1).decode("ascii", errors="ignore"))
+    resolved: list[str] = []
+    for encoding in encodings:
+        if encoding.lower() in _LATIN_ENCODINGS:
+            # Servers often declare latin-1 for UTF-8 pages; a body that is valid UTF-8 is read as UTF-8.
+            resolved.append("utf-8")
+            # Browsers read a declared latin-1 as windows-1252, which is a superset of it.
+            encoding = "cp1252"
+        resolved.append(encoding)
+    return resolved
+
+
+def _looks_like_text(head: bytes) -> bool:
+    """Whether leading bytes look like text rather than a binary format."""
+    if not head:
+        return False
+    if b"\x00" in head:
+        return False
+    control_bytes = sum(1 for byte in head if byte < 9 or 13 < byte < 32)
+    return control_bytes / len(head) < 0.01
+
+
+def _parse_leniently(html: str) -> lxml.html.HtmlElement | None:
+    """An lxml tree of any markup, fragments included, or None when there is none."""
+    # lxml refuses str input that carries an XML encoding declaration.
+    source = re.sub(r"^\s*<\?xml[^>]*\?>", "", html, count=1)
+    if not source.strip():
+        return None
+    try:
+        return lxml.html.document_fromstring(source)
+    except (lxml.etree.ParserError, ValueError):
+        return None
+
+
+def _remove_boilerplate(root: lxml.html.HtmlElement) -> None:
+    """Drop navigation, headers, footers, scripts, forms, hidden and comment nodes from a tree in place."""
+    doomed = list(root.iter(*_BOILERPLATE_TAGS, lxml.etree.Comment, lxml.etree.ProcessingInstruction))
+    for element in root.iter():
+        if not isinstance(element.tag, str):
+            continue
+        role = (element.get("role") or "").strip().lower()
+        style = (element.get("style") or "").replace(" ", "").lower()
+        if role in _BOILERPLATE_ROLES or element.get("hidden") is not None or element.get("aria-hidden") == "true" or "display:none" in style:
+            doomed.append(element)
+    for element in doomed:
+        parent = element.getparent()
+        if parent is not None:
+            element.drop_tree()
+
+
+def _text_length(element: lxml.html.HtmlElement) -> int:
+    """How much text an element holds."""
+    return len(element.text_content())
+
+
+def _has_block_ancestor_within(element: lxml.html.HtmlElement, container: lxml.html.HtmlElement) -> bool:
+    """Whether a block element sits inside another block element below the container, whose text already includes it."""
+    for ancestor in element.iterancestors():
+        if ancestor is container:
+            return False
+        if ancestor.tag in _BLOCK_TAGS:
+            return True
+    return False
+
+
+def _element_text(element: lxml.html.HtmlElement) -> str:
+    """An element's text on one line with whitespace collapsed."""
+    return _SPACES.sub(" ", " ".join(element.text_content().split())).strip()
+
+
+def _clean_text(text: str) -> str:
+    """Text in NFC with runs of spaces collapsed, lines trimmed and at most one blank line in a row."""
+    normalized = unicodedata.normalize("NFC", text).replace("\r\n", "\n").replace("\r", "\n")
+    # Documentation generators end headings with a "¶" anchor link.
+    lines = [_SPACES.sub(" ", line).strip().removesuffix("¶").rstrip() for line in normalized.split("\n")]
+    return _MANY_BLANK_LINES.sub("\n\n", "\n".join(lines)).strip()
+
+
+def _capped(text: str, max_characters: int) -> str:
+    """Text cut to at most `max_characters`, at the last whitespace before the cap when there is one."""
+    if len(text) <= max_characters:
+        return text
+    cut = text[:max_characters]
+    boundary = max(cut.rfind(" "), cut.rfind("\n"))
+    return (cut[:boundary] if boundary > max_characters // 2 else cut).rstrip()
