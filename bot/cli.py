@@ -49,6 +49,144 @@ def doctor() -> None:
         raise typer.Exit(code=1)
 
 
+def _database(settings: Settings):
+    from storage.db import make_engine, make_session_factory
+    from storage.migrate import upgrade
+
+    engine = make_engine(settings.database_url)
+    upgrade(settings.database_url, engine=engine)
+    return make_session_factory(engine)
+
+
+def _parse_since(since: str | None) -> str | None:
+    if since is None:
+        return None
+    import datetime as dt
+
+    try:
+        return dt.date.fromisoformat(since).isoformat()
+    except ValueError:
+        typer.echo(f"--since wants a date like 2024-01-31, not {since!r}", err=True)
+        raise typer.Exit(code=2) from None
+
+
+def _run_in_terminal(mode: str, question: str, options: dict, output_format: str, out: str | None) -> None:
+    """Create a run, execute it here with a live display, then print or save its report."""
+    import asyncio
+    import signal
+
+    from rich.console import Console
+    from rich.live import Live
+
+    from bot.render.console import render_progress
+    from research.budget import CancelToken
+    from research.report import Report
+    from worker.headless import create_terminal_run, export_run
+    from worker.runner import RunnerServices, execute
+    from worker.toolkit import build_research_tools, research_options
+
+    settings = settings_or_exit()
+    question = question.strip()
+    if not question:
+        typer.echo("Usage: deepthread research \"your question\"", err=True)
+        raise typer.Exit(code=2)
+    try:
+        tools = build_research_tools(settings)
+    except ValueError as error:
+        typer.echo(str(error), err=True)
+        raise typer.Exit(code=2) from None
+    sessions = _database(settings)
+    run_id = create_terminal_run(sessions, mode=mode, question=question, options=options)
+    console = Console(stderr=True)
+
+    async def main() -> str:
+        cancel = CancelToken()
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGINT, cancel.cancel, "you (Ctrl-C)")
+        services = RunnerServices(sessions=sessions, tools=tools, options=research_options(settings))
+        with Live(console=console, refresh_per_second=8, transient=False) as live:
+            async def on_state(progress) -> None:
+                live.update(render_progress(progress))
+            final = await execute(run_id, on_state, services=services, cancel=cancel)
+            live.update(render_progress(final))
+        loop.remove_signal_handler(signal.SIGINT)
+        await tools.llm.aclose()
+        return final.state
+
+    state = asyncio.run(main())
+    text = export_run(sessions, run_id, output_format)
+    if text is None:
+        typer.echo(f"Run {run_id} ended {state} with no report.", err=True)
+        raise typer.Exit(code=1)
+    if out:
+        with open(out, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        typer.echo(f"Run {run_id} ended {state}; report written to {out}.", err=True)
+    else:
+        typer.echo(text)
+    if state != "done":
+        raise typer.Exit(code=1)
+
+
+FORMATS = ("md", "html", "json")
+
+
+def _check_format(value: str) -> str:
+    if value not in FORMATS:
+        raise typer.BadParameter(f"choose one of {', '.join(FORMATS)}")
+    return value
+
+
+@app.command()
+def research(
+    question: str = typer.Argument(..., help="The question to research."),
+    output_format: str = typer.Option("md", "--format", help="md, html or json.", callback=_check_format),
+    out: str | None = typer.Option(None, "--out", help="Write the report to this file instead of stdout."),
+    since: str | None = typer.Option(None, "--since", help="Only sources published on or after this date (YYYY-MM-DD)."),
+    site: list[str] = typer.Option([], "--site", help="Only search this domain (repeatable)."),
+) -> None:
+    """Research a question here, with a live display of the phases; Ctrl-C stops and keeps what was found."""
+    options = {"since": _parse_since(since), "sites": site}
+    _run_in_terminal("research", question, {key: value for key, value in options.items() if value}, output_format, out)
+
+
+@app.command("plan")
+def plan_command(question: str = typer.Argument(..., help="The question to plan research for.")) -> None:
+    """Draft a research plan (no searching) for you to approve or revise."""
+    _run_in_terminal("plan", question, {}, "md", None)
+
+
+@app.command()
+def runs(limit: int = typer.Option(20, "--limit", help="How many of the latest runs to list.")) -> None:
+    """List recent runs: id, state, mode, when, and the question."""
+    from worker.headless import recent_runs
+
+    settings = settings_or_exit()
+    for line in recent_runs(_database(settings), limit):
+        typer.echo(line)
+
+
+@app.command()
+def export(
+    run_id: int = typer.Argument(..., help="The run to export."),
+    output_format: str = typer.Option("md", "--format", help="md, html or json.", callback=_check_format),
+    out: str | None = typer.Option(None, "--out", help="Write to this file instead of stdout."),
+) -> None:
+    """Export a run's report as Markdown, self-contained HTML, or JSON with everything."""
+    from worker.headless import export_run
+
+    settings = settings_or_exit()
+    text = export_run(_database(settings), run_id, output_format)
+    if text is None:
+        typer.echo(f"Run {run_id} has no report.", err=True)
+        raise typer.Exit(code=1)
+    if out:
+        with open(out, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    else:
+        typer.echo(text)
+
+
 def main() -> None:
     app(prog_name="deepthread")
 

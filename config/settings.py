@@ -66,6 +66,7 @@ class Settings(BaseSettings):
     searxng_url: OptionalHttpUrl = None
 
     fetch_allow_private_hosts: CommaList = Field(default_factory=list)
+    fetch_resolve: CommaList = Field(default_factory=list)
 
     research_max_seconds: int = Field(default=300, gt=0)
     research_max_rounds: int = Field(default=3, gt=0)
@@ -94,7 +95,7 @@ class Settings(BaseSettings):
     log_format: str = "console"
 
     @field_validator(
-        "search_providers", "fetch_allow_private_hosts", "research_blocked_domains",
+        "search_providers", "fetch_allow_private_hosts", "fetch_resolve", "research_blocked_domains",
         "research_preferred_domains", "admin_user_ids", "discord_guild_ids", "cancel_emoji",
         mode="before",
     )
@@ -112,6 +113,22 @@ class Settings(BaseSettings):
         if unknown:
             raise ValueError(f"unknown provider {', '.join(unknown)}; choose from auto or {','.join(PROVIDER_NAMES)}")
         return names
+
+    @field_validator("fetch_allow_private_hosts")
+    @classmethod
+    def _valid_allow_list(cls, value: list[str]) -> list[str]:
+        from research.netguard import parse_allow_list
+
+        parse_allow_list(",".join(value))
+        return value
+
+    @field_validator("fetch_resolve")
+    @classmethod
+    def _valid_overrides(cls, value: list[str]) -> list[str]:
+        from research.netguard import parse_resolve_overrides
+
+        parse_resolve_overrides(value)
+        return value
 
     @field_validator("slack_api_url")
     @classmethod

@@ -59,6 +59,36 @@ class SystemResolver:
         return addresses
 
 
+class OverrideResolver:
+    """Fixed answers for some names (like curl's --resolve), the wrapped resolver for the rest."""
+
+    def __init__(self, overrides: dict[str, list[str]], fallback: Resolver) -> None:
+        self.overrides = {name.lower().rstrip("."): list(addresses) for name, addresses in overrides.items()}
+        self.fallback = fallback
+
+    async def resolve(self, host: str) -> list[str]:
+        """The fixed addresses of `host` if listed, else the fallback's answer; raises ResolutionError."""
+        fixed = self.overrides.get(host.lower().rstrip("."))
+        if fixed:
+            return list(fixed)
+        return await self.fallback.resolve(host)
+
+
+def parse_resolve_overrides(text: str | list[str]) -> dict[str, list[str]]:
+    """`host=ip` pairs (comma separated; repeat a host for several addresses); raises ValueError when malformed."""
+    items = text if isinstance(text, list) else [item for item in text.split(",")]
+    overrides: dict[str, list[str]] = {}
+    for item in (entry.strip() for entry in items):
+        if not item:
+            continue
+        host, separator, address = item.partition("=")
+        if not separator or not host.strip():
+            raise ValueError(f"expected host=address, got {item!r}")
+        ipaddress.ip_address(address.strip())
+        overrides.setdefault(host.strip().lower(), []).append(address.strip())
+    return overrides
+
+
 def _looks_numeric(label: str) -> bool:
     return bool(_DECIMAL_PART.fullmatch(label) or _HEX_PART.fullmatch(label))
 

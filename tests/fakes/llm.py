@@ -520,9 +520,11 @@ def default_research_model(request: ChatRequest) -> HandlerResult:
         return {"verdicts": [{"id": passage_id, "supported": True} for passage_id in ids]}
     if name == "plan":
         return {
-            "title": f"Research plan: {question}",
-            "sub_questions": [f"Background: {question}?", f"Recent evidence: {question}?"],
-            "outline": ["Background", "Recent evidence", "Open questions"],
+            "query": question,
+            "key_questions": [f"Background: {question}?", f"Recent evidence: {question}?"],
+            "search_strategy": [{"query": question, "source_type": "official documentation"},
+                                {"query": f"{question} latest", "source_type": "news"}],
+            "deliverable": "A cited report answering the question.",
         }
     if name is not None:
         return {}

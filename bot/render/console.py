@@ -1,0 +1,44 @@
+"""The run's state and reports drawn for a terminal with rich."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from rich.console import Group, RenderableType
+from rich.markup import escape
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from worker.progress import RunProgress
+
+MARKS = {"done": "[green]✔[/]", "current": "[yellow]▶[/]", "waiting": "[dim]·[/]", "failed": "[red]✘[/]"}
+COUNT_LABELS = (("sub_questions", "sub-questions"), ("results", "results"), ("pages_read", "pages read"),
+                ("passages", "passages"))
+ENDINGS = {"done": "[green]Done[/]", "cancelled": "[yellow]Stopped[/]", "failed": "[red]Failed[/]",
+           "timed_out": "[red]Timed out[/]"}
+
+
+def render_progress(progress: RunProgress, now: dt.datetime | None = None) -> RenderableType:
+    """The status panel: question, phase checklist, counts, bar, elapsed time and how to stop."""
+    now = now or dt.datetime.now(dt.timezone.utc)
+    table = Table.grid(padding=(0, 1))
+    for line in progress.phases:
+        style = "bold" if line.status == "current" else ""
+        table.add_row(MARKS[line.status], Text(line.label, style=style))
+    counts = " · ".join(f"{progress.counts[key]} {label}" for key, label in COUNT_LABELS if progress.counts.get(key))
+    elapsed = f"{progress.elapsed_seconds(now):.0f} s"
+    footer = ENDINGS.get(progress.state, "[dim]Ctrl-C stops the run and keeps what was found[/]")
+    if progress.state == "failed" and progress.error:
+        footer += f": {escape(progress.error)}"
+    if progress.state == "cancelled" and progress.cancelled_by:
+        footer += f" by {escape(progress.cancelled_by)}"
+    if progress.partial and progress.partial_reason:
+        footer += f" (partial: {escape(progress.partial_reason)})"
+    return Group(
+        Text.from_markup(f"[bold]{escape(progress.question)}[/]"),
+        table,
+        ProgressBar(total=100, completed=progress.percent, width=40),
+        Text.from_markup(f"{escape(counts)}  [dim]{elapsed}[/]" if counts else f"[dim]{elapsed}[/]"),
+        Text.from_markup(footer),
+    )

@@ -1,0 +1,127 @@
+"""The run's budget (calls, rounds, bytes, tokens, time), its cancel token, and its event sink."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from research.events import TERMINAL_TYPES, Emit
+
+MIB = 1024 * 1024
+
+
+class ResearchOptions(BaseModel):
+    """What one research run may spend, and what the requester asked to narrow it to."""
+
+    max_seconds: float = 300
+    max_rounds: int = 3
+    max_searches: int = 30
+    max_sources: int = 12
+    max_fetch_bytes: int = 25 * MIB
+    max_llm_tokens: int = 200_000
+    since: dt.date | None = None
+    sites: list[str] = Field(default_factory=list)
+    blocked_domains: list[str] = Field(default_factory=list)
+    preferred_domains: list[str] = Field(default_factory=list)
+    results_per_query: int = 6
+    passages_per_question: int = 6
+    passage_token_budget: int = 6_000
+
+    @property
+    def writing_reserve_seconds(self) -> float:
+        """Time kept back from gathering so the report can still be written within the budget."""
+        return min(60.0, self.max_seconds * 0.3)
+
+
+class Budget:
+    """Counts what a run spends and says, in plain words, which cap it hit first."""
+
+    def __init__(self, options: ResearchOptions, clock: Callable[[], float] = time.monotonic) -> None:
+        self.options = options
+        self.clock = clock
+        self.started = clock()
+        self.tokens_used: Callable[[], int] = lambda: 0
+        self.rounds_done = 0
+        self.searches_used: Callable[[], int] = lambda: 0
+        self.bytes_exhausted: Callable[[], bool] = lambda: False
+
+    @property
+    def elapsed(self) -> float:
+        return self.clock() - self.started
+
+    @property
+    def gathering_seconds_left(self) -> float:
+        return self.options.max_seconds - self.options.writing_reserve_seconds - self.elapsed
+
+    def searches_left(self) -> int:
+        return max(0, self.options.max_searches - self.searches_used())
+
+    def overrun(self) -> str | None:
+        """Why gathering must stop now, or None while everything is within the caps."""
+        if self.gathering_seconds_left <= 0:
+            return f"time budget of {self.options.max_seconds:g} s reached"
+        if self.searches_left() <= 0:
+            return f"search budget of {self.options.max_searches} provider calls reached"
+        if self.bytes_exhausted():
+            return f"fetch budget of {self.options.max_fetch_bytes / MIB:g} MiB reached"
+        if self.tokens_used() >= self.options.max_llm_tokens:
+            return f"token budget of {self.options.max_llm_tokens:,} LLM tokens reached"
+        return None
+
+
+class CancelToken:
+    """Set once by whoever stops the run; the engine checks it between steps and awaits it during them."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+        self.cancelled_by: str | None = None
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+    def cancel(self, by: str | None = None) -> None:
+        if not self._event.is_set():
+            self.cancelled_by = by
+            self._event.set()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+
+    async def watch(self, is_cancelled: Callable[[], Awaitable[str | None]], interval: float = 0.25) -> None:
+        """Poll an outside flag (Redis, the run row) and cancel when it says who stopped the run."""
+        while not self.cancelled:
+            stopped_by = await is_cancelled()
+            if stopped_by is not None:
+                self.cancel(stopped_by)
+                return
+            await asyncio.sleep(interval)
+
+
+class EventSink:
+    """Numbers events `seq` 1, 2, … and forwards them; refuses anything after the terminal event."""
+
+    def __init__(self, forward: Emit, first_seq: int = 1) -> None:
+        self._forward = forward
+        self._next_seq = first_seq
+        self.terminal: Any = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def last_seq(self) -> int:
+        return self._next_seq - 1
+
+    async def __call__(self, event: Any) -> None:
+        async with self._lock:
+            if self.terminal is not None:
+                return
+            event.seq = self._next_seq
+            self._next_seq += 1
+            if event.type in TERMINAL_TYPES:
+                self.terminal = event
+            await self._forward(event)

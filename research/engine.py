@@ -1,0 +1,513 @@
+"""The engine: research as its list of phases, plus plan, chat and follow-up answers.
+
+decompose → (search → fetch → read → gap check)* → synthesize → verify. Gathering stops early
+when the budget runs out (the report is then marked partial); a cancel stops everything within
+a second and keeps what was gathered; exactly one terminal event ends every call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import Executor
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from pydantic import BaseModel
+
+from research.budget import Budget, CancelToken, EventSink, ResearchOptions
+from research.events import (
+    Aborted,
+    Complete,
+    Emit,
+    LLMUsage,
+    Error,
+    Phase,
+    PhaseDone,
+    PhaseFailed,
+    PhaseStarted,
+    Progress,
+    Warning_,
+)
+from research.fetch import FetchBudget, FetchConfig, SafeFetcher, build_fetch_client
+from research.limits import CircuitBreaker, RateLimiter
+from research.llm import LLMAuthError, LLMClient, LLMError, LLMUnavailable, StructuredOutputError, UsageRecord
+from research.models import Document, FetchResult, Passage, SearchResult
+from research.netguard import Resolver
+from research.phases import decompose as decompose_phase
+from research.phases import fetch as fetch_phase
+from research.phases import gap_check as gap_phase
+from research.phases import read as read_phase
+from research.phases import search as search_phase
+from research.phases import synthesize as synthesize_phase
+from research.phases import verify as verify_phase
+from research.phases.decompose import Decomposition
+from research.plan import ResearchPlan, plan_as_decomposition, render_plan_markdown
+from research.prompts import system_prompt
+from research.rank import rank_passages_for_queries
+from research.providers import NoSearchProviderError, SearchConfig, SearchRouter, build_router
+from research.report import ModelUsage, Report, UsageSummary, split_title
+from research.untrusted import fence_untrusted
+
+logger = logging.getLogger(__name__)
+
+
+
+@dataclass
+class ResearchTools:
+    """What the composition root hands the engine for research: clients, resolver, limits, a CPU pool."""
+
+    llm: LLMClient
+    search_config: SearchConfig
+    search_http: httpx.AsyncClient
+    resolver: Resolver
+    fetch_config: FetchConfig = field(default_factory=FetchConfig)
+    fetch_transport: httpx.AsyncBaseTransport | None = None
+    limiter: RateLimiter | None = None
+    breaker: CircuitBreaker | None = None
+    ddgs_search: Callable[..., Any] | None = None
+    cpu_pool: Executor | None = None
+    today: Callable[[], dt.date] = dt.date.today
+
+
+@dataclass
+class ResearchState:
+    """Everything a run has gathered so far; the caller keeps it whatever way the run ends."""
+
+    plan: Decomposition | None = None
+    plan_fell_back: bool = False
+    sources: dict[str, SearchResult] = field(default_factory=dict)
+    fetches: dict[str, FetchResult] = field(default_factory=dict)
+    documents: dict[str, Document] = field(default_factory=dict)
+    passages: list[Passage] = field(default_factory=list)
+    draft: str | None = None
+    audit: verify_phase.AuditResult | None = None
+    report: Report | None = None
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+    partial_reason: str | None = None
+    llm_usage: dict[str, ModelUsage] = field(default_factory=dict)
+    search_calls: dict[str, int] = field(default_factory=dict)
+    skipped_providers: dict[str, str] = field(default_factory=dict)
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(usage.prompt_tokens + usage.completion_tokens for usage in self.llm_usage.values())
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {
+            "sub_questions": len(self.plan.sub_questions) if self.plan else 0,
+            "results": len(self.sources),
+            "pages_read": len(self.documents),
+            "passages": len(self.passages),
+        }
+
+    def titles(self) -> dict[str, tuple[str, str]]:
+        return {sid: (source.title, source.url) for sid, source in self.sources.items()}
+
+    def record_usage(self, record: UsageRecord) -> None:
+        usage = self.llm_usage.setdefault(record.model, ModelUsage())
+        usage.calls += 1
+        usage.prompt_tokens += record.prompt_tokens
+        usage.completion_tokens += record.completion_tokens
+        usage.cost += record.cost
+
+    def usage_summary(self, fetch_budget: FetchBudget | None = None) -> UsageSummary:
+        return UsageSummary(
+            llm={model: usage.model_copy() for model, usage in self.llm_usage.items()},
+            total_tokens=sum(u.prompt_tokens + u.completion_tokens for u in self.llm_usage.values()),
+            cost=round(sum(u.cost for u in self.llm_usage.values()), 6),
+            search_calls=dict(self.search_calls),
+            pages_fetched=sum(1 for result in self.fetches.values() if result.ok),
+            bytes_fetched=fetch_budget.spent if fetch_budget else sum(r.bytes_read for r in self.fetches.values()),
+            seconds=round(time.monotonic() - self.started, 2),
+        )
+
+
+class _Run:
+    """One call of an entry point: its events, cancel token, state and phase timing."""
+
+    def __init__(self, events: Emit, cancel: CancelToken | None, state: ResearchState | None, first_seq: int) -> None:
+        self.sink = EventSink(events, first_seq=first_seq)
+        self.cancel = cancel or CancelToken()
+        self.state = state or ResearchState()
+
+    async def progress(self, percent: float) -> None:
+        await self.sink(Progress(counts=self.state.counts, percent=round(min(percent, 100.0), 1)))
+
+    @asynccontextmanager
+    async def phase(self, name: Phase) -> AsyncIterator[None]:
+        await self.sink(PhaseStarted(phase=name))
+        started = time.monotonic()
+        try:
+            yield
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            await self.sink(PhaseFailed(phase=name, reason=plain_reason(error)))
+            raise
+        finally:
+            elapsed = time.monotonic() - started
+            self.state.phase_seconds[name] = round(self.state.phase_seconds.get(name, 0.0) + elapsed, 3)
+        await self.sink(PhaseDone(phase=name, seconds=round(elapsed, 3), counts=self.state.counts))
+
+    async def finish(self, work: Callable[[], Awaitable[Report]]) -> Report | None:
+        """Run `work` until it ends or the cancel token fires; emit the one terminal event."""
+        task = asyncio.ensure_future(work())
+        cancelled = asyncio.ensure_future(self.cancel.wait())
+        try:
+            await asyncio.wait({task, cancelled}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            # Our caller gave up (a hard deadline): stop the work too, keeping what it gathered.
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            raise
+        finally:
+            cancelled.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            self.state.report = unfinished_report(self.state, reason="stopped by user", stopped_by_user=True)
+            await self.sink(Aborted(reason=f"stopped by {self.cancel.cancelled_by}" if self.cancel.cancelled_by else "cancelled"))
+            return self.state.report
+        error = task.exception()
+        if error is None:
+            report = task.result()
+            self.state.report = report
+            await self.sink(Complete(partial=report.partial, partial_reason=report.partial_reason))
+            return report
+        if not isinstance(error, (LLMError, NoSearchProviderError)):
+            logger.error("engine failed", exc_info=error)
+        await self.sink(Error(message=plain_reason(error)))
+        return None
+
+
+def plain_reason(error: BaseException) -> str:
+    """What went wrong, in words a person in the thread can act on; never a traceback or a secret."""
+    if isinstance(error, NoSearchProviderError):
+        return f"No search provider could answer. {error}".strip()
+    if isinstance(error, LLMAuthError):
+        return "The language model refused our credentials (check LLM_API_KEY)."
+    if isinstance(error, LLMUnavailable):
+        return f"The language model could not be reached: {error}"
+    if isinstance(error, StructuredOutputError):
+        return f"The language model did not return a valid answer: {error}"
+    if isinstance(error, LLMError):
+        return f"The language model failed: {error}"
+    return f"Internal error ({type(error).__name__}); the gathered sources were kept."
+
+
+def unfinished_report(state: ResearchState, *, reason: str, stopped_by_user: bool = False) -> Report:
+    """The report of a run that did not finish: the audited draft if one was written, else what was found."""
+    found = [source for source in state.sources.values()]
+    if state.audit is not None:
+        body = state.audit.body_markdown
+        sources, cited, audit = state.audit.sources, state.audit.cited_passages, state.audit.audit
+    else:
+        from research.report import AuditFigures
+
+        audit = AuditFigures()
+        lines = [f"The run ended before the report was written ({reason})."]
+        if found:
+            lines.append(f"These {len(found)} sources had been found:")
+            lines.extend(f"- [{source.title or source.url}]({source.url})" for source in found)
+        body = "\n".join(lines)
+        sources, cited = [], []
+    return Report(
+        question="", title="Research stopped" if stopped_by_user else "Research incomplete", body_markdown=body, sources=sources, cited_passages=cited,
+        audit=audit, usage=state.usage_summary(), phase_seconds=state.phase_seconds,
+        partial=True, partial_reason=reason, skipped_providers=state.skipped_providers, stopped_by_user=stopped_by_user,
+    )
+
+
+async def research(
+    question: str,
+    *,
+    plan: Decomposition | ResearchPlan | dict[str, Any] | None = None,
+    context: str | None = None,
+    options: ResearchOptions,
+    tools: ResearchTools,
+    events: Emit,
+    cancel: CancelToken | None = None,
+    state: ResearchState | None = None,
+    first_seq: int = 1,
+) -> Report | None:
+    """Research `question` and return the audited report (None after an error event)."""
+    run = _Run(events, cancel, state, first_seq)
+    return await run.finish(lambda: _research(run, question, plan, context, options, tools))
+
+
+async def _research(run: _Run, question: str, plan: Any, context: str | None,
+                    options: ResearchOptions, tools: ResearchTools) -> Report:
+    state = run.state
+    budget = Budget(options)
+    fetch_budget = FetchBudget(options.max_fetch_bytes)
+    budget.bytes_exhausted = lambda: fetch_budget.exhausted
+    budget.tokens_used = lambda: state.total_tokens
+
+    llm = _llm_for_run(run, tools.llm)
+    search_config = tools.search_config.model_copy(update={
+        "blocked_domains": [*tools.search_config.blocked_domains, *options.blocked_domains],
+        "preferred_domains": [*(options.sites or tools.search_config.preferred_domains), *options.preferred_domains],
+        "restrict_to_preferred": bool(options.sites),
+    })
+    router = build_router(search_config, http=tools.search_http, emit=run.sink, limiter=tools.limiter,
+                          breaker=tools.breaker, ddgs_search=tools.ddgs_search)
+    budget.searches_used = lambda: router.total_calls
+    fetch_client = build_fetch_client(tools.fetch_config, tools.fetch_transport)
+    fetcher = SafeFetcher(fetch_client, tools.resolver, tools.fetch_config, fetch_budget)
+    today = tools.today()
+    try:
+        async with run.phase("decompose"):
+            if plan is not None:
+                state.plan = plan_as_decomposition(plan)
+            else:
+                state.plan, state.plan_fell_back = await decompose_phase.decompose(question, llm=llm, today=today, context=context)
+                if state.plan_fell_back:
+                    await run.sink(Warning_(phase="decompose", message="The question could not be broken down; researching it as asked."))
+            for url in decompose_phase.priority_urls(question):
+                source = router.registry.add(SearchResult(provider="user", title=url, url=url))
+                state.sources[source.id] = source
+        await run.progress(10)
+
+        try:
+            async with asyncio.timeout(max(0.0, budget.gathering_seconds_left)):
+                await _gather(run, question, options, budget, router, fetcher, llm, tools, today)
+        except TimeoutError:
+            state.partial_reason = state.partial_reason or f"time budget of {options.max_seconds:g} s reached"
+        await _read_unread(run, tools)
+        if not state.passages:
+            state.passages = read_phase.snippet_passages(list(state.sources.values()))
+
+        async with run.phase("synthesize"):
+            selected = read_phase.select_for_synthesis(state.plan, state.passages, options)
+            if selected:
+                state.draft = await synthesize_phase.synthesize(question, state.plan, selected, titles=state.titles(),
+                                                                llm=llm, today=today, context=context)
+            else:
+                state.draft = "No sources could be found for this question, so there is nothing to report yet."
+        await run.progress(90)
+
+        async with run.phase("verify"):
+            state.audit = await verify_phase.verify_draft(
+                state.draft,
+                passages={passage.id: passage for passage in (selected or [])},
+                sources=state.sources,
+                judge=_citation_judge(llm, today),
+                may_use_llm=lambda: budget.tokens_used() < options.max_llm_tokens,
+            )
+    finally:
+        state.search_calls = router.calls
+        state.skipped_providers = router.skipped
+        await fetch_client.aclose()
+
+    title, body = split_title(state.audit.body_markdown)
+    return Report(
+        question=question, title=title or question, body_markdown=body, sources=state.audit.sources,
+        cited_passages=state.audit.cited_passages, audit=state.audit.audit,
+        usage=state.usage_summary(fetch_budget), phase_seconds=state.phase_seconds,
+        partial=state.partial_reason is not None, partial_reason=state.partial_reason,
+        skipped_providers=state.skipped_providers, stopped_by_user=False,
+    )
+
+
+async def _gather(run: _Run, question: str, options: ResearchOptions, budget: Budget, router: SearchRouter,
+                  fetcher: SafeFetcher, llm: LLMClient, tools: ResearchTools, today: dt.date) -> None:
+    """Rounds of search → fetch → read → gap check until covered, out of rounds, or out of budget."""
+    state = run.state
+    assert state.plan is not None
+    asked: set[str] = set()
+    texts = [query for sub in state.plan.sub_questions for query in sub.queries]
+    for round_number in range(1, options.max_rounds + 1):
+        if (reason := budget.overrun()) is not None:
+            state.partial_reason = reason
+            return
+        queries = search_phase.build_queries(texts, searches_left=budget.searches_left(), since=options.since,
+                                             already_asked=asked, results_per_query=options.results_per_query)
+        if queries:
+            async with run.phase("search"):
+                for source in await search_phase.search(queries, router=router):
+                    state.sources.setdefault(source.id, source)
+            await run.progress(10 + 60 * (round_number - 0.7) / options.max_rounds)
+
+        chosen = fetch_phase.choose_sources(list(state.sources.values()), already_fetched=set(state.fetches),
+                                            limit=options.max_sources - len(state.fetches))
+        if chosen:
+            async with run.phase("fetch"):
+                async def on_fetched(source: SearchResult, result: FetchResult) -> None:
+                    state.fetches[source.id] = result
+                    if not result.ok:
+                        await run.sink(Warning_(phase="fetch", message=f"Skipped {source.url}: {result.reason}",
+                                                detail={"source_id": source.id, "status": result.status}))
+                await fetch_phase.fetch_sources(chosen, fetcher=fetcher, on_fetched=on_fetched)
+            await run.progress(10 + 60 * (round_number - 0.4) / options.max_rounds)
+            async with run.phase("read"):
+                await _read_unread(run, tools)
+            await run.progress(10 + 60 * round_number / options.max_rounds)
+
+        if round_number == options.max_rounds or (reason := budget.overrun()) is not None:
+            if round_number < options.max_rounds:
+                state.partial_reason = reason
+            return
+        async with run.phase("gap_check"):
+            texts = await gap_phase.check_gaps(question, state.plan, read_phase.select_for_synthesis(state.plan, state.passages, options),
+                                               titles=state.titles(), llm=llm, today=today)
+        if not texts:
+            return
+
+
+async def _read_unread(run: _Run, tools: ResearchTools) -> None:
+    """Extract and chunk every fetched page not read yet; passages keep run-stable ids."""
+    state = run.state
+    unread = [sid for sid, result in sorted(state.fetches.items(), key=lambda item: int(item[0][1:]))
+              if result.ok and sid not in state.documents]
+    if not unread:
+        return
+    documents = await read_phase.extract_pages(
+        [(sid, state.fetches[sid]) for sid in unread], cpu_pool=tools.cpu_pool)
+    for sid in unread:
+        # The body is no longer needed once read; dropping it keeps a long run's memory flat.
+        state.fetches[sid] = state.fetches[sid].model_copy(update={"body": b""})
+    state.documents.update(documents)
+    state.passages.extend(read_phase.passages_for(documents, first_number=len(state.passages) + 1))
+
+
+class JudgeVerdict(BaseModel):
+    id: str
+    supported: bool
+
+
+class JudgeVerdicts(BaseModel):
+    """The fast model's verdict on each doubtful citation it was shown."""
+
+    verdicts: list[JudgeVerdict]
+
+
+def _citation_judge(llm: LLMClient, today: dt.date) -> verify_phase.Judge:
+    async def judge(items: list[verify_phase.JudgeItem]) -> dict[str, bool]:
+        listing = "\n\n".join(
+            f"Item {item.id}\nSentence: {item.sentence}\n" + fence_untrusted(item.id, "", "", item.passage_text)
+            for item in items)
+        messages = [{"role": "system", "content": system_prompt("citation_check", today)},
+                    {"role": "user", "content": listing}]
+        verdicts = await llm.structured(messages, JudgeVerdicts, task="citation_check", fast=True)
+        return {verdict.id: verdict.supported for verdict in verdicts.verdicts}
+    return judge
+
+
+def _llm_for_run(run: _Run, llm: LLMClient) -> LLMClient:
+    """The client, reporting this run's token usage to its state and as events."""
+
+    async def on_usage(record: UsageRecord) -> None:
+        run.state.record_usage(record)
+        await run.sink(LLMUsage(model=record.model, prompt_tokens=record.prompt_tokens,
+                                completion_tokens=record.completion_tokens, cost=record.cost))
+
+    return llm.with_usage_callback(on_usage)
+
+
+async def plan(
+    question: str,
+    *,
+    context: str | None = None,
+    llm: LLMClient,
+    today: dt.date,
+    events: Emit,
+    cancel: CancelToken | None = None,
+    state: ResearchState | None = None,
+    first_seq: int = 1,
+) -> Report | None:
+    """A research plan for approval; built with no search or fetch capability at all."""
+    run = _Run(events, cancel, state, first_seq)
+
+    async def work() -> Report:
+        client = _llm_for_run(run, llm)
+        user = f"Question:\n{question}"
+        if context:
+            user = f"Earlier conversation (for context):\n{context}\n\n{user}"
+        messages = [{"role": "system", "content": system_prompt("plan", today)}, {"role": "user", "content": user}]
+        async with run.phase("plan"):
+            research_plan = await client.structured(messages, ResearchPlan, task="plan")
+        return Report(
+            question=question, title=f"Research plan: {research_plan.query}", mode="plan",
+            body_markdown=render_plan_markdown(research_plan), usage=run.state.usage_summary(),
+            phase_seconds=run.state.phase_seconds, plan=research_plan.model_dump(mode="json"),
+        )
+
+    return await run.finish(work)
+
+
+async def chat(
+    question: str,
+    *,
+    history: list[dict[str, str]],
+    llm: LLMClient,
+    today: dt.date,
+    events: Emit,
+    cancel: CancelToken | None = None,
+    state: ResearchState | None = None,
+    first_seq: int = 1,
+) -> Report | None:
+    """A short conversational answer from the model alone (no tools), with the thread's history."""
+    run = _Run(events, cancel, state, first_seq)
+
+    async def work() -> Report:
+        client = _llm_for_run(run, llm)
+        messages = [{"role": "system", "content": system_prompt("chat", today)}, *history,
+                    {"role": "user", "content": question}]
+        async with run.phase("chat"):
+            answer = await client.complete(messages, task="chat", max_tokens=800)
+        return Report(question=question, title=question[:80], mode="chat", body_markdown=answer,
+                               usage=run.state.usage_summary(), phase_seconds=run.state.phase_seconds)
+
+    return await run.finish(work)
+
+
+async def answer_from_passages(
+    question: str,
+    *,
+    history: list[dict[str, str]],
+    passages: list[Passage],
+    sources: dict[str, SearchResult],
+    llm: LLMClient,
+    today: dt.date,
+    events: Emit,
+    cancel: CancelToken | None = None,
+    state: ResearchState | None = None,
+    first_seq: int = 1,
+) -> Report | None:
+    """A follow-up answered only from an earlier run's passages, audited like a report; no web access."""
+    run = _Run(events, cancel, state, first_seq)
+    run.state.sources = dict(sources)
+    run.state.passages = list(passages)
+
+    async def work() -> Report:
+        client = _llm_for_run(run, llm)
+        titles = {sid: (source.title, source.url) for sid, source in sources.items()}
+        selected: list[Passage] = []
+        if passages:
+            ranked = rank_passages_for_queries([question], passages, 12)[question]
+            selected = [passage for passage, _score in ranked] or passages[:12]
+        async with run.phase("answer"):
+            messages = [{"role": "system", "content": system_prompt("answer", today)}, *history,
+                        {"role": "user", "content": f"Follow-up question:\n{question}\n\nSource passages:\n"
+                                                    + synthesize_phase.passages_block(selected, titles)}]
+            run.state.draft = await client.complete(messages, task="answer", max_tokens=1500)
+        async with run.phase("verify"):
+            run.state.audit = await verify_phase.verify_draft(
+                run.state.draft, passages={passage.id: passage for passage in selected}, sources=sources,
+                judge=_citation_judge(client, today), may_use_llm=lambda: True)
+        audit = run.state.audit
+        return Report(
+            question=question, title=question[:80], mode="followup", body_markdown=audit.body_markdown,
+            sources=audit.sources, cited_passages=audit.cited_passages, audit=audit.audit,
+            usage=run.state.usage_summary(), phase_seconds=run.state.phase_seconds,
+        )
+
+    return await run.finish(work)

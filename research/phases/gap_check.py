@@ -1,0 +1,48 @@
+"""Gap check: the model judges coverage per sub-question and may ask for a few more queries."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from pydantic import BaseModel, Field
+
+from research.llm import LLMClient, StructuredOutputError
+from research.models import Passage
+from research.phases.decompose import Decomposition
+from research.prompts import system_prompt
+from research.untrusted import fence_untrusted
+
+MAX_NEW_QUERIES = 3
+
+
+class Coverage(BaseModel):
+    question: str
+    covered: bool
+
+
+class GapVerdict(BaseModel):
+    """Which sub-questions are covered, and the searches that would fill the gaps."""
+
+    sub_questions: list[Coverage] = Field(default_factory=list)
+    more_queries: list[str] = Field(default_factory=list, max_length=MAX_NEW_QUERIES)
+
+
+async def check_gaps(
+    question: str,
+    plan: Decomposition,
+    passages: list[Passage],
+    *,
+    titles: dict[str, tuple[str, str]],
+    llm: LLMClient,
+    today: dt.date,
+) -> list[str]:
+    """More queries to run, or none when coverage is judged enough (or the model cannot say)."""
+    shown = "\n\n".join(fence_untrusted(p.id, *titles.get(p.source_id, ("", "")), p.text) for p in passages)
+    sub_questions = "\n".join(f"- {sub.question}" for sub in plan.sub_questions)
+    user = f"Question:\n{question}\n\nSub-questions:\n{sub_questions}\n\nPassages gathered so far:\n{shown or '(none)'}"
+    messages = [{"role": "system", "content": system_prompt("gap_check", today)}, {"role": "user", "content": user}]
+    try:
+        verdict = await llm.structured(messages, GapVerdict, task="gap_check", fast=True)
+    except StructuredOutputError:
+        return []
+    return [query.strip() for query in verdict.more_queries if query.strip()][:MAX_NEW_QUERIES]

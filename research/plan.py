@@ -1,0 +1,56 @@
+"""Plan mode's output: a research plan the requester approves before any search happens."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from research.phases.decompose import Decomposition, SubQuestion
+
+
+class StrategyStep(BaseModel):
+    """One search the plan intends to run, and the kind of source it should find."""
+
+    query: str = Field(min_length=2)
+    source_type: str = "any"
+
+
+class ResearchPlan(BaseModel):
+    """The query as understood, key questions, search strategy and the expected deliverable."""
+
+    query: str
+    key_questions: list[str] = Field(min_length=1, max_length=5)
+    search_strategy: list[StrategyStep] = Field(min_length=1, max_length=10)
+    deliverable: str
+
+
+def plan_as_decomposition(plan: ResearchPlan | Decomposition | dict[str, Any]) -> Decomposition:
+    """The plan as the engine's decomposition: each key question with its share of the searches."""
+    if isinstance(plan, Decomposition):
+        return plan
+    if isinstance(plan, dict):
+        if "sub_questions" in plan:
+            return Decomposition.model_validate(plan)
+        plan = ResearchPlan.model_validate(plan)
+    questions = plan.key_questions[:5]
+    queries: list[list[str]] = [[] for _ in questions]
+    for index, step in enumerate(plan.search_strategy):
+        bucket = queries[index % len(questions)]
+        if len(bucket) < 3:
+            bucket.append(step.query)
+    return Decomposition(
+        sub_questions=[SubQuestion(question=question, queries=bucket or [question])
+                       for question, bucket in zip(questions, queries)],
+        outline=list(questions),
+    )
+
+
+def render_plan_markdown(plan: ResearchPlan) -> str:
+    """The plan as the requester reads it in the thread."""
+    lines = [f"**Research plan:** {plan.query}", "", "**Key questions**"]
+    lines += [f"{number}. {question}" for number, question in enumerate(plan.key_questions, 1)]
+    lines += ["", "**Search strategy**"]
+    lines += [f"- `{step.query}` → {step.source_type}" for step in plan.search_strategy]
+    lines += ["", f"**Deliverable:** {plan.deliverable}"]
+    return "\n".join(lines)

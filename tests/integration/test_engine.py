@@ -1,0 +1,295 @@
+"""The whole engine against the fakes: LLM, search provider and a web corpus on several host names."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from research import engine
+from research.budget import CancelToken
+from research.events import TERMINAL_TYPES
+from research.models import Passage, SearchResult
+from research.report import Report, render_markdown
+from research.untrusted import parse_fenced_sources
+from tests.fakes.corpus import INJECTION, QUESTION, Corpus, numbers_in, options
+from tests.fakes.llm import (
+    ChatRequest,
+    default_research_model,
+    fabricating_synthesis,
+    unrelated_citation_synthesis,
+    wrong_number_synthesis,
+)
+
+pytestmark = pytest.mark.integration
+
+
+class Recorder:
+    """Collects events and checks the event contract."""
+
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+        self.times: list[float] = []
+
+    async def __call__(self, event: Any) -> None:
+        self.events.append(event)
+        self.times.append(time.monotonic())
+
+    @property
+    def types(self) -> list[str]:
+        return [event.type for event in self.events]
+
+    def assert_contract(self) -> Any:
+        """seq increases by one from 1; exactly one terminal event, and it is the last."""
+        assert [event.seq for event in self.events] == list(range(1, len(self.events) + 1))
+        terminals = [event for event in self.events if event.type in TERMINAL_TYPES]
+        assert len(terminals) == 1, self.types
+        assert self.events[-1] is terminals[0]
+        return terminals[0]
+
+
+def routed(synthesis: Any) -> Any:
+    """The default model, but with this synthesis for free-text requests that show passages."""
+
+    def handler(request: ChatRequest) -> Any:
+        if request.schema_name is None and "untrusted_source" in request.text and "Follow-up" not in request.text:
+            return synthesis(request)
+        return default_research_model(request)
+
+    return handler
+
+
+@pytest.fixture
+def corpus() -> Iterator[Corpus]:
+    with Corpus() as running:
+        yield running
+
+
+def run_research(corpus: Corpus, **option_overrides: Any) -> tuple[Report | None, Recorder, engine.ResearchState]:
+    recorder = Recorder()
+    state = engine.ResearchState()
+    report = asyncio.run(engine.research(QUESTION, options=options(**option_overrides), tools=corpus.tools(),
+                                         events=recorder, state=state))
+    return report, recorder, state
+
+
+def cited_pairs(report: Report) -> list[tuple[str, int]]:
+    """(sentence, source number) for each `[n]` in the body."""
+    import re
+
+    pairs = []
+    for line in report.body_markdown.splitlines():
+        for sentence in re.split(r"(?<=\])\s+", line):
+            for number in re.findall(r"\[(\d+)\]", sentence):
+                pairs.append((sentence, int(number)))
+    return pairs
+
+
+def test_every_citation_maps_to_a_fetched_page_whose_passage_holds_the_fact(corpus: Corpus) -> None:
+    report, recorder, state = run_research(corpus)
+    assert recorder.assert_contract().type == "complete"
+    assert report is not None and not report.partial
+    fetched_paths = {(request.host, request.path) for request in corpus.web.requests.all()}
+    by_number = {source.number: source for source in report.sources}
+    passages_by_source: dict[int, list[str]] = {}
+    for passage in report.cited_passages:
+        passages_by_source.setdefault(passage.source_number, []).append(passage.text)
+    pairs = cited_pairs(report)
+    assert len(pairs) >= 4
+    for sentence, number in pairs:
+        source = by_number[number]
+        page = corpus.page_for(source.url)
+        assert page is not None, f"[{number}] is not a corpus page: {source.url}"
+        host = urlsplit(source.url).hostname
+        assert any(urlsplit(f"http://{fetched_host}").hostname == host and path == "/zorblax"
+                   for fetched_host, path in fetched_paths)
+        facts = [value for value in numbers_in(sentence) if value in page.numbers]
+        assert facts, f"no planted fact in {sentence!r}"
+        assert any(all(fact in text for fact in facts) for text in passages_by_source[number])
+    assert report.audit.fabricated_removed == 0
+    assert "sentences verified" in render_markdown(report)
+
+
+def test_sources_are_numbered_in_order_of_first_use_with_titles_and_urls(corpus: Corpus) -> None:
+    report, recorder, _ = run_research(corpus)
+    recorder.assert_contract()
+    first_use = list(dict.fromkeys(number for _, number in cited_pairs(report)))
+    assert first_use == sorted(first_use) == list(range(1, len(first_use) + 1))
+    markdown = render_markdown(report)
+    for source in report.sources:
+        assert f"[{source.number}] {source.title}" in markdown
+        assert source.url in markdown
+
+
+def test_fabricated_citation_is_removed_and_counted() -> None:
+    with Corpus(llm_handler=routed(fabricating_synthesis)) as corpus:
+        report, recorder, _ = run_research(corpus)
+    recorder.assert_contract()
+    assert report.audit.fabricated_removed == 1
+    assert "p999" not in report.body_markdown
+    assert "fabricated" in render_markdown(report)
+
+
+def test_wrong_number_is_flagged_in_body_footer_and_figures() -> None:
+    with Corpus(llm_handler=routed(wrong_number_synthesis)) as corpus:
+        report, recorder, _ = run_research(corpus)
+    recorder.assert_contract()
+    assert report.audit.sentences_unverified >= 1
+    assert report.audit.sentences_verified < report.audit.sentences_total
+    assert "unverified" in report.body_markdown
+    footer = render_markdown(report).split("---")[-1]
+    assert f"{report.audit.sentences_verified} of {report.audit.sentences_total} sentences verified" in footer
+
+
+def test_unrelated_citation_is_flagged() -> None:
+    with Corpus(llm_handler=routed(unrelated_citation_synthesis)) as corpus:
+        report, recorder, _ = run_research(corpus)
+    recorder.assert_contract()
+    assert report.audit.sentences_unverified >= 1
+    assert report.audit.citations_removed + report.audit.sentences_unverified >= 1
+    assert "unverified" in report.body_markdown
+
+
+def test_garbage_decomposition_falls_back_to_the_question() -> None:
+    def garbage_decomposition(request: ChatRequest) -> Any:
+        if request.schema_name == "decomposition":
+            return "I would love to help! Here are some thoughts, not JSON."
+        return default_research_model(request)
+
+    with Corpus(llm_handler=garbage_decomposition) as corpus:
+        report, recorder, state = run_research(corpus)
+        searched = [request.query.get("q") for request in corpus.search.requests("brave")]
+    assert recorder.assert_contract().type == "complete"
+    assert [sub.question for sub in state.plan.sub_questions] == [QUESTION]
+    assert searched == [QUESTION]
+    assert any(event.type == "warning" and event.phase == "decompose" for event in recorder.events)
+    assert report is not None and report.sources
+
+
+def test_model_that_never_returns_valid_json_fails_plan_with_a_clear_error(corpus: Corpus) -> None:
+    corpus.llm.handler = lambda request: "Sure! Plan: search a lot."
+    recorder = Recorder()
+    report = asyncio.run(engine.plan(QUESTION, llm=corpus.tools().llm, today=corpus.tools().today(), events=recorder))
+    terminal = recorder.assert_contract()
+    assert report is None
+    assert terminal.type == "error"
+    assert "did not return a valid answer" in terminal.message
+    assert any(event.type == "phase_failed" for event in recorder.events)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "reason"),
+    [
+        ({"max_searches": 1}, "search budget"),
+        ({"max_fetch_bytes": 2000}, "fetch budget"),
+        ({"max_llm_tokens": 50}, "token budget"),
+    ],
+    ids=["searches", "bytes", "tokens"],
+)
+def test_budget_overrun_gives_a_partial_report_with_its_reason(corpus: Corpus, overrides: dict[str, Any], reason: str) -> None:
+    report, recorder, _ = run_research(corpus, **overrides)
+    terminal = recorder.assert_contract()
+    assert terminal.type == "complete" and terminal.partial
+    assert report is not None and report.partial
+    assert reason in report.partial_reason
+    assert reason in render_markdown(report)
+
+
+def test_time_overrun_gives_a_partial_report_with_its_reason() -> None:
+    with Corpus(page_latency=3.0) as corpus:
+        started = time.monotonic()
+        report, recorder, _ = run_research(corpus, max_seconds=2.0)
+        elapsed = time.monotonic() - started
+    terminal = recorder.assert_contract()
+    assert terminal.type == "complete" and terminal.partial
+    assert "time budget" in report.partial_reason
+    assert elapsed < 3.0
+
+
+def test_cancel_during_fetch_aborts_within_a_second_and_keeps_what_was_found() -> None:
+    with Corpus(page_latency=5.0) as corpus:
+        recorder = Recorder()
+        state = engine.ResearchState()
+        cancel = CancelToken()
+
+        async def main() -> tuple[Report | None, float]:
+            async def cancel_when_fetching() -> float:
+                while not any(event.type == "phase_started" and event.phase == "fetch" for event in recorder.events):
+                    await asyncio.sleep(0.01)
+                await asyncio.sleep(0.2)
+                cancel.cancel("U-requester")
+                return time.monotonic()
+
+            canceller = asyncio.create_task(cancel_when_fetching())
+            report = await engine.research(QUESTION, options=options(), tools=corpus.tools(), events=recorder,
+                                           cancel=cancel, state=state)
+            return report, await canceller
+
+        report, cancelled_at = asyncio.run(main())
+        count_after_return = len(recorder.events)
+    terminal = recorder.assert_contract()
+    assert terminal.type == "aborted"
+    assert recorder.times[-1] - cancelled_at < 1.0
+    assert len(recorder.events) == count_after_return
+    assert state.sources, "sources found before the cancel were lost"
+    assert report is not None and report.stopped_by_user
+    assert render_markdown(report).rstrip().endswith("[Research stopped by user]")
+
+
+def test_injected_instructions_reach_the_model_only_inside_the_untrusted_fence() -> None:
+    seen: list[str] = []
+
+    def guarded(request: ChatRequest) -> Any:
+        for message in request.raw["messages"]:
+            content = message["content"]
+            if INJECTION in content:
+                outside = content
+                for fenced in parse_fenced_sources(content):
+                    outside = outside.replace(fenced.text, "")
+                assert INJECTION not in outside, "page text reached the model outside the fence"
+                assert message["role"] == "user"
+                seen.append(request.schema_name or "text")
+        return default_research_model(request)
+
+    with Corpus(llm_handler=guarded, injection_host="alpha.example") as corpus:
+        report, recorder, _ = run_research(corpus)
+        errors = corpus.llm.handler_errors
+    recorder.assert_contract()
+    assert not errors
+    assert seen, "the injected page never reached the model"
+    assert report is not None
+
+
+def test_plan_mode_touches_no_provider_and_no_page(corpus: Corpus) -> None:
+    recorder = Recorder()
+    tools = corpus.tools()
+    report = asyncio.run(engine.plan(QUESTION, llm=tools.llm, today=tools.today(), events=recorder))
+    assert recorder.assert_contract().type == "complete"
+    assert report.plan["key_questions"]
+    assert "Search strategy" in report.body_markdown
+    assert corpus.search.requests("brave") == []
+    assert corpus.web.requests.all() == []
+
+
+def test_answer_from_passages_cites_only_the_given_passages_and_searches_nothing(corpus: Corpus) -> None:
+    passages = [
+        Passage(id="p1", source_id="s1", text="The Zorblax array number 7 delivered 9,191 kilowatt hours in its trial.", start=0, end=70),
+        Passage(id="p2", source_id="s2", text="Maintenance of the Zorblax moorings happens every 45 days.", start=0, end=58),
+    ]
+    sources = {"s1": SearchResult(id="s1", provider="brave", title="One", url="https://one.example/a"),
+               "s2": SearchResult(id="s2", provider="brave", title="Two", url="https://two.example/b")}
+    recorder = Recorder()
+    tools = corpus.tools()
+    report = asyncio.run(engine.answer_from_passages("How often are the moorings maintained?", history=[],
+                                                     passages=passages, sources=sources, llm=tools.llm,
+                                                     today=tools.today(), events=recorder))
+    assert recorder.assert_contract().type == "complete"
+    assert report.sources
+    assert {source.url for source in report.sources} <= {"https://one.example/a", "https://two.example/b"}
+    assert {passage.id for passage in report.cited_passages} <= {"p1", "p2"}
+    assert corpus.search.requests("brave") == []
+    assert corpus.web.requests.all() == []

@@ -1,0 +1,47 @@
+"""Runs started from the terminal: creating them, listing them, exporting their reports."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from research.report import Report, render_html, render_json, render_markdown
+from storage.models import Conversation, Message, Run
+
+TERMINAL_PLACE = {"platform": "cli", "workspace": "local", "channel": "terminal"}
+TERMINAL_USER = "cli:local"
+
+
+def create_terminal_run(sessions: sessionmaker[Session], *, mode: str, question: str, options: dict[str, Any],
+                        plan: dict[str, Any] | None = None) -> int:
+    """A conversation of its own and a queued run in it; returns the run id."""
+    with sessions.begin() as session:
+        conversation = Conversation(**TERMINAL_PLACE, thread=uuid.uuid4().hex, created_by=TERMINAL_USER)
+        run = Run(conversation=conversation, workspace=TERMINAL_PLACE["workspace"], mode=mode, question=question,
+                  options=options, plan=plan, requested_by=TERMINAL_USER)
+        session.add_all([conversation, run,
+                         Message(conversation=conversation, role="user", author=TERMINAL_USER, text=question, mode=mode)])
+        session.flush()
+        return run.id
+
+
+def export_run(sessions: sessionmaker[Session], run_id: int, output_format: str) -> str | None:
+    """The run's report as md, html or json; None when it has none."""
+    with sessions() as session:
+        run = session.get(Run, run_id)
+        if run is None or run.report_json is None:
+            return None
+        report = Report.model_validate(run.report_json)
+    renderers = {"md": render_markdown, "html": render_html, "json": render_json}
+    return renderers[output_format](report)
+
+
+def recent_runs(sessions: sessionmaker[Session], limit: int) -> list[str]:
+    """One line per run, newest first."""
+    with sessions() as session:
+        rows = session.scalars(select(Run).order_by(Run.id.desc()).limit(limit)).all()
+        return [f"{run.id:>5}  {run.state:<9}  {run.mode:<8}  {run.created_at:%Y-%m-%d %H:%M}  {run.question[:70]}"
+                for run in rows]

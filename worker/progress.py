@@ -1,0 +1,122 @@
+"""A run's renderable state, folded from its events by a pure function."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+PhaseStatus = Literal["waiting", "current", "done", "failed"]
+
+PHASES_BY_MODE: dict[str, list[str]] = {
+    "research": ["decompose", "search", "fetch", "read", "gap_check", "synthesize", "verify"],
+    "plan": ["plan"],
+    "chat": ["chat"],
+    "followup": ["answer", "verify"],
+}
+PHASE_LABELS = {
+    "decompose": "Planning the research",
+    "search": "Searching the web",
+    "fetch": "Fetching pages",
+    "read": "Reading pages",
+    "gap_check": "Checking for gaps",
+    "synthesize": "Writing the report",
+    "verify": "Auditing citations",
+    "plan": "Drafting a plan",
+    "chat": "Thinking",
+    "answer": "Answering from the sources",
+}
+
+
+class PhaseLine(BaseModel):
+    name: str
+    status: PhaseStatus = "waiting"
+
+    @property
+    def label(self) -> str:
+        return PHASE_LABELS.get(self.name, self.name)
+
+
+class RunProgress(BaseModel):
+    """What the status message shows about one run at one moment."""
+
+    run_id: int
+    mode: str
+    question: str
+    requested_by: str
+    state: str = "queued"
+    phases: list[PhaseLine] = Field(default_factory=list)
+    counts: dict[str, int] = Field(default_factory=dict)
+    percent: float = 0.0
+    started_at: dt.datetime | None = None
+    finished_at: dt.datetime | None = None
+    last_seq: int = 0
+    warnings: int = 0
+    partial: bool = False
+    partial_reason: str | None = None
+    error: str | None = None
+    cancelled_by: str | None = None
+    queue_position: int | None = None
+    audit_line: str | None = None
+
+    @property
+    def current_phase(self) -> str | None:
+        return next((line.name for line in self.phases if line.status == "current"), None)
+
+    def elapsed_seconds(self, now: dt.datetime) -> float:
+        if self.started_at is None:
+            return 0.0
+        return max(0.0, ((self.finished_at or now) - self.started_at).total_seconds())
+
+
+def initial_progress(*, run_id: int, mode: str, question: str, requested_by: str, state: str = "queued",
+                     started_at: dt.datetime | None = None) -> RunProgress:
+    """The state of a run before any event."""
+    phases = [PhaseLine(name=name) for name in PHASES_BY_MODE.get(mode, [])]
+    return RunProgress(run_id=run_id, mode=mode, question=question, requested_by=requested_by, state=state,
+                       phases=phases, started_at=started_at)
+
+
+def _set_phase(phases: list[PhaseLine], name: str, status: PhaseStatus) -> list[PhaseLine]:
+    lines = [line.model_copy() for line in phases]
+    if not any(line.name == name for line in lines):
+        lines.append(PhaseLine(name=name))
+    seen_target = False
+    for line in lines:
+        if line.name == name:
+            line.status = status
+            seen_target = True
+        elif status == "current" and line.status == "current":
+            line.status = "done"
+        elif status == "current" and not seen_target and line.status == "waiting" and line.name != "gap_check":
+            # A phase skipped on the way (no new queries, nothing to fetch) counts as done.
+            line.status = "done"
+    return lines
+
+
+def apply_event(progress: RunProgress, event: Any) -> RunProgress:
+    """The progress after `event` (an engine event model); returns a new object."""
+    update: dict[str, Any] = {"last_seq": max(progress.last_seq, event.seq), "state": "running" if progress.state == "queued" else progress.state}
+    kind = event.type
+    if kind == "phase_started":
+        update["phases"] = _set_phase(progress.phases, event.phase, "current")
+    elif kind == "phase_done":
+        update["phases"] = _set_phase(progress.phases, event.phase, "done")
+        update["counts"] = {**progress.counts, **event.counts}
+    elif kind == "phase_failed":
+        update["phases"] = _set_phase(progress.phases, event.phase, "failed")
+    elif kind == "progress":
+        update["counts"] = {**progress.counts, **event.counts}
+        update["percent"] = max(progress.percent, event.percent)
+    elif kind == "warning":
+        update["warnings"] = progress.warnings + 1
+    elif kind == "complete":
+        update.update(state="done", percent=100.0, partial=event.partial, partial_reason=event.partial_reason,
+                      phases=[line.model_copy(update={"status": "done" if line.status in ("current", "done") else line.status})
+                              for line in progress.phases])
+    elif kind == "aborted":
+        update.update(state="cancelled")
+    elif kind == "error":
+        update.update(state="failed", error=event.message)
+    return progress.model_copy(update=update)

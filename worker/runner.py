@@ -1,0 +1,228 @@
+"""Execute one stored run: the engine entry point for its mode, every event and finding recorded."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from research import engine
+from research.budget import CancelToken, ResearchOptions
+from research.events import Error
+from research.models import Passage as FoundPassage
+from research.models import SearchResult
+from research.report import Report, render_markdown
+from storage.models import Citation, Conversation, Event, Message, Passage, Run, Source, utcnow
+from worker.progress import RunProgress, apply_event, initial_progress
+
+logger = logging.getLogger(__name__)
+
+OnState = Callable[[RunProgress], Awaitable[None]]
+TERMINAL_STATE_OF_EVENT = {"complete": "done", "aborted": "cancelled", "error": "failed"}
+HISTORY_MESSAGES = 20
+
+
+@dataclass
+class RunnerServices:
+    """What executing a run needs: the database, the engine's tools, and the run's limits."""
+
+    sessions: sessionmaker[Session]
+    tools: engine.ResearchTools
+    options: ResearchOptions
+    hard_deadline_grace_seconds: float = 60.0
+
+
+def options_for_run(base: ResearchOptions, stored: dict[str, Any]) -> ResearchOptions:
+    """The run's options: the configured budget with the requester's narrowing (since, sites, preset) applied."""
+    update: dict[str, Any] = {}
+    if stored.get("since"):
+        update["since"] = dt.date.fromisoformat(stored["since"])
+    if stored.get("sites"):
+        update["sites"] = list(stored["sites"])
+    preset = stored.get("preset")
+    if preset == "quick":
+        update.update(max_rounds=1, max_sources=min(base.max_sources, 6), max_searches=min(base.max_searches, 8),
+                      max_seconds=min(base.max_seconds, 120))
+    elif preset == "deep":
+        update.update(max_rounds=base.max_rounds + 2, max_sources=base.max_sources * 2,
+                      max_searches=base.max_searches * 2, max_seconds=base.max_seconds * 2)
+    return base.model_copy(update=update)
+
+
+class RunRecorder:
+    """Stores a run's events as they come and its findings at the end; folds events into progress."""
+
+    def __init__(self, sessions: sessionmaker[Session], run: Run, on_state: OnState | None) -> None:
+        self.sessions = sessions
+        self.run_id = run.id
+        self.attempt = run.attempt
+        self.on_state = on_state
+        self.progress = initial_progress(run_id=run.id, mode=run.mode, question=run.question,
+                                         requested_by=run.requested_by, state="running", started_at=run.started_at)
+        self.terminal: Any = None
+
+    async def __call__(self, event: Any) -> None:
+        with self.sessions.begin() as session:
+            session.add(Event(run_id=self.run_id, seq=event.seq, type=event.type, phase=event.phase,
+                              payload=event.model_dump(mode="json", exclude={"seq", "type", "phase", "at"}), at=event.at))
+        if event.type in TERMINAL_STATE_OF_EVENT:
+            self.terminal = event
+        self.progress = apply_event(self.progress, event)
+        if self.on_state is not None:
+            try:
+                await self.on_state(self.progress)
+            except Exception:  # a failed status edit must never stop the research
+                logger.warning("status update failed for run %s", self.run_id, exc_info=True)
+
+
+def _history(session: Session, run: Run) -> list[dict[str, str]]:
+    messages = session.scalars(
+        select(Message).where(Message.conversation_id == run.conversation_id).order_by(Message.id.desc()).limit(HISTORY_MESSAGES)
+    ).all()
+    return [{"role": "assistant" if message.role == "assistant" else "user", "content": message.text}
+            for message in reversed(messages)]
+
+
+def _context_text(history: list[dict[str, str]]) -> str | None:
+    if not history:
+        return None
+    return "\n".join(f"{turn['role']}: {turn['content']}" for turn in history)
+
+
+def _stored_passages(session: Session, run: Run) -> tuple[list[FoundPassage], dict[str, SearchResult]]:
+    """The passages and sources of the run a follow-up answers from (recorded in its options)."""
+    source_run_id = run.options.get("answer_from_run")
+    if source_run_id is None:
+        return [], {}
+    rows = session.scalars(select(Passage).where(Passage.run_id == source_run_id).order_by(Passage.id)).all()
+    passages = [FoundPassage(id=row.passage_id, source_id=row.source.source_id, text=row.text, start=row.start,
+                             end=row.end, is_snippet=row.is_snippet) for row in rows]
+    sources = {row.source.source_id: SearchResult(id=row.source.source_id, provider=row.source.provider or "",
+                                                  title=row.source.title or row.source.url, url=row.source.url)
+               for row in rows}
+    return passages, sources
+
+
+def _start(sessions: sessionmaker[Session], run_id: int) -> tuple[Run, int]:
+    """Mark the run running and clear a previous attempt's findings; returns the run and the next seq."""
+    with sessions.begin() as session:
+        run = session.get(Run, run_id)
+        if run is None:
+            raise LookupError(f"run {run_id} does not exist")
+        run.attempt += 1
+        run.state = "running"
+        run.started_at = run.started_at or utcnow()
+        for model in (Citation, Passage, Source):
+            session.execute(delete(model).where(model.run_id == run_id))
+        last_seq = session.scalar(select(func.max(Event.seq)).where(Event.run_id == run_id)) or 0
+        session.expunge(run)
+    return run, last_seq + 1
+
+
+def _record_findings(session: Session, run: Run, state: engine.ResearchState) -> None:
+    source_rows: dict[str, Source] = {}
+    for source_id, found in state.sources.items():
+        outcome = state.fetches.get(source_id)
+        row = Source(run_id=run.id, source_id=source_id, url=found.url, title=found.title, snippet=found.snippet,
+                     provider=found.provider, published=found.published.isoformat() if found.published else None,
+                     fetch_status=outcome.status if outcome else None, fetch_reason=outcome.reason if outcome else None)
+        session.add(row)
+        source_rows[source_id] = row
+    passage_rows: dict[str, Passage] = {}
+    for found in state.passages:
+        source_row = source_rows.get(found.source_id)
+        if source_row is None:
+            continue
+        row = Passage(run_id=run.id, source=source_row, passage_id=found.id, text=found.text, start=found.start,
+                      end=found.end, is_snippet=found.is_snippet)
+        session.add(row)
+        passage_rows[found.id] = row
+    if state.audit is not None:
+        for verdict in state.audit.citations:
+            session.add(Citation(run_id=run.id, passage=passage_rows.get(verdict.passage_id) if verdict.passage_id else None,
+                                 sentence=verdict.sentence, verdict=verdict.verdict))
+
+
+def _finish(sessions: sessionmaker[Session], run_id: int, attempt: int, final_state: str, state: engine.ResearchState,
+            report: Report | None, error: str | None, reply_text: str | None) -> bool:
+    """Store the outcome unless a newer attempt owns the run; returns whether it was stored."""
+    with sessions.begin() as session:
+        run = session.get(Run, run_id)
+        if run is None or run.attempt != attempt:
+            return False
+        _record_findings(session, run, state)
+        run.state = final_state
+        run.finished_at = utcnow()
+        run.error = error
+        run.phase_timings = dict(state.phase_seconds)
+        if report is not None:
+            run.report_markdown = render_markdown(report)
+            run.report_json = report.model_dump(mode="json")
+            run.partial = report.partial
+            run.partial_reason = report.partial_reason
+            run.usage = report.usage.model_dump(mode="json")
+        elif state.partial_reason:
+            run.partial, run.partial_reason = True, state.partial_reason
+        if reply_text:
+            session.add(Message(conversation_id=run.conversation_id, role="assistant", author="deepthread",
+                                text=reply_text, mode=run.mode))
+    return True
+
+
+async def execute(run_id: int, on_state: OnState | None, *, services: RunnerServices,
+                  cancel: CancelToken | None = None) -> RunProgress:
+    """Run the stored run `run_id` to one of its final states and return its last progress.
+
+    Raises LookupError when the run does not exist.
+    """
+    run, first_seq = _start(services.sessions, run_id)
+    recorder = RunRecorder(services.sessions, run, on_state)
+    recorder.progress = recorder.progress.model_copy(update={"last_seq": first_seq - 1})
+    cancel = cancel or CancelToken()
+    state = engine.ResearchState()
+    options = options_for_run(services.options, run.options or {})
+    with services.sessions() as session:
+        history = _history(session, run)
+        passages, sources = _stored_passages(session, run) if run.mode == "followup" else ([], {})
+
+    common = {"events": recorder, "cancel": cancel, "state": state, "first_seq": first_seq}
+    if run.mode == "research":
+        work = engine.research(run.question, plan=run.plan, context=_context_text(history), options=options,
+                               tools=services.tools, **common)
+    elif run.mode == "plan":
+        work = engine.plan(run.question, context=_context_text(history), llm=services.tools.llm,
+                           today=services.tools.today(), **common)
+    elif run.mode == "chat":
+        work = engine.chat(run.question, history=history, llm=services.tools.llm, today=services.tools.today(), **common)
+    else:
+        work = engine.answer_from_passages(run.question, history=history, passages=passages, sources=sources,
+                                           llm=services.tools.llm, today=services.tools.today(), **common)
+
+    hard_deadline = options.max_seconds + services.hard_deadline_grace_seconds
+    timed_out = False
+    report: Report | None = None
+    try:
+        report = await asyncio.wait_for(work, timeout=hard_deadline)
+    except TimeoutError:
+        timed_out = True
+
+    if timed_out:
+        final_state, error = "timed_out", f"The run passed its hard deadline of {hard_deadline:g} s and was stopped."
+        report = engine.unfinished_report(state, reason="timed out")
+        await recorder(Error(message=error, seq=recorder.progress.last_seq + 1))
+        recorder.progress = recorder.progress.model_copy(update={"state": "timed_out"})
+    else:
+        terminal = recorder.terminal
+        final_state = TERMINAL_STATE_OF_EVENT.get(terminal.type, "failed") if terminal is not None else "failed"
+        error = getattr(terminal, "message", None) if final_state == "failed" else None
+        if final_state == "cancelled":
+            recorder.progress = recorder.progress.model_copy(update={"cancelled_by": cancel.cancelled_by})
+    reply_text = report.body_markdown if report is not None and run.mode in ("plan", "chat", "followup") else None
+    _finish(services.sessions, run.id, run.attempt, final_state, state, report, error, reply_text)
+    return recorder.progress.model_copy(update={"state": final_state})
