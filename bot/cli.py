@@ -90,8 +90,10 @@ def _run_in_terminal(mode: str, question: str, options: dict, output_format: str
     if not question:
         typer.echo("Usage: deepthread research \"your question\"", err=True)
         raise typer.Exit(code=2)
+    from research.cpu import cpu_pool
+
     try:
-        tools = build_research_tools(settings)
+        tools = build_research_tools(settings, cpu_pool=cpu_pool(2))
     except ValueError as error:
         typer.echo(str(error), err=True)
         raise typer.Exit(code=2) from None
@@ -111,9 +113,14 @@ def _run_in_terminal(mode: str, question: str, options: dict, output_format: str
             live.update(render_progress(final))
         loop.remove_signal_handler(signal.SIGINT)
         await tools.llm.aclose()
+        await tools.search_http.aclose()
         return final.state
 
-    state = asyncio.run(main())
+    try:
+        state = asyncio.run(main())
+    finally:
+        if tools.cpu_pool is not None:
+            tools.cpu_pool.shutdown(cancel_futures=True)
     text = export_run(sessions, run_id, output_format)
     if text is None:
         typer.echo(f"Run {run_id} ended {state} with no report.", err=True)

@@ -19,7 +19,7 @@ from research.models import Passage as FoundPassage
 from research.models import SearchResult
 from research.report import Report, render_markdown
 from storage.models import Citation, Conversation, Event, Message, Passage, Run, Source, utcnow
-from worker.progress import RunProgress, apply_event, initial_progress
+from bot.render.state import RunProgress, apply_event, initial_progress
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from worker.progress import RunProgress
+from bot.render.state import RunProgress
 
 MARKS = {"done": "[green]✔[/]", "current": "[yellow]▶[/]", "waiting": "[dim]·[/]", "failed": "[red]✘[/]"}
 COUNT_LABELS = (("sub_questions", "sub-questions"), ("results", "results"), ("pages_read", "pages read"),

@@ -17,8 +17,15 @@ MAX_QUERY_CHARS = 300
 class SubQuestion(BaseModel):
     """One part of the question, with the searches that should answer it."""
 
-    question: str = Field(min_length=3)
+    question: str
     queries: list[str] = Field(min_length=1, max_length=3)
+
+    @field_validator("question")
+    @classmethod
+    def _non_empty_question(cls, question: str) -> str:
+        if not question.strip():
+            raise ValueError("a sub-question cannot be empty")
+        return question.strip()
 
     @field_validator("queries")
     @classmethod

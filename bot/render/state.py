@@ -1,4 +1,4 @@
-"""A run's renderable state, folded from its events by a pure function."""
+"""A run's renderable state (for status messages on every platform), folded from its events by a pure function."""
 
 from __future__ import annotations
 

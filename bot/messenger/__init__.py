@@ -1,0 +1,1 @@
+"""Outbound messages: post, edit and upload on each chat platform (Slack, console; Discord later)."""

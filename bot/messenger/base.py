@@ -1,0 +1,64 @@
+"""The messenger contract every platform implements, and the platform-neutral message content."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from pydantic import BaseModel, Field
+
+
+class Place(BaseModel):
+    """Where a message goes: a channel, and the thread in it (None: the channel itself)."""
+
+    platform: str
+    workspace: str
+    channel: str
+    thread: str | None = None
+
+
+class MessageRef(BaseModel):
+    """A posted message, enough to edit it later."""
+
+    platform: str
+    workspace: str
+    channel: str
+    message_id: str
+    thread: str | None = None
+
+
+class Content(BaseModel):
+    """One message as a platform renderer made it: plain text (always), plus the platform's rich payload."""
+
+    text: str
+    blocks: list[dict[str, Any]] | None = None
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+
+class FileUpload(BaseModel):
+    """A file to attach in a thread (a report too long for messages)."""
+
+    filename: str
+    data: bytes
+    title: str | None = None
+    comment: str | None = None
+
+
+class Messenger(Protocol):
+    """Sends to one platform; every method raises MessengerError when the platform refuses for good."""
+
+    platform: str
+
+    async def post(self, place: Place, content: Content) -> MessageRef: ...
+
+    async def edit(self, ref: MessageRef, content: Content) -> None: ...
+
+    async def upload(self, place: Place, upload: FileUpload) -> MessageRef | None: ...
+
+
+class MessengerError(Exception):
+    """The platform refused a message after retries; `reason` is the platform's error code."""
+
+    def __init__(self, reason: str, *, retryable: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.retryable = retryable
