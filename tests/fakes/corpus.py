@@ -56,6 +56,7 @@ class Corpus:
     llm_latency: float = 0.0
     search_latency: float = 0.0
     facts_per_page: int = 4
+    pages_per_host: int = 1
     injection_host: str | None = None
     llm_handler: Any = default_research_model
     pages: list[CorpusPage] = field(default_factory=list)
@@ -63,17 +64,28 @@ class Corpus:
     def __post_init__(self) -> None:
         self.web = FakeWeb(latency=self.page_latency if isinstance(self.page_latency, float) else 0.0)
         for host_index, host in enumerate(HOSTS):
-            facts = [_fact(host_index, fact_index) for fact_index in range(self.facts_per_page)]
-            paragraphs = [sentence + " " + FILLER for sentence, _ in facts]
-            if host == self.injection_host:
-                paragraphs.insert(1, INJECTION)
-            title = f"Zorblax turbines report from {host.split('.')[0].title()}"
-            latency = self.page_latency.get(host) if isinstance(self.page_latency, dict) else None
-            self.web.add(f"http://{host}/zorblax", Page(article_html(title, paragraphs, site_name=host), latency=latency))
-            self.pages.append(CorpusPage(url=self.web.url(f"http://{host}/zorblax"), title=title,
-                                         facts=[sentence for sentence, _ in facts], numbers=[number for _, number in facts]))
+            for page_index in range(self.pages_per_host):
+                self._add_page(host_index, host, page_index)
         self.search = FakeSearchAPI(results_for=self._results, latency=self.search_latency)
         self.llm = FakeLLM(self.llm_handler, latency=self.llm_latency)
+
+    def _add_page(self, host_index: int, host: str, page_index: int) -> None:
+        """Serve one article of `host`: `/zorblax` first, then `/zorblax-2`, `/zorblax-3`…"""
+        first_fact = page_index * self.facts_per_page
+        facts = [_fact(host_index, fact_index) for fact_index in range(first_fact, first_fact + self.facts_per_page)]
+        paragraphs = [sentence + " " + FILLER for sentence, _ in facts]
+        if host == self.injection_host and page_index == 0:
+            paragraphs.insert(1, INJECTION)
+        title = f"Zorblax turbines report from {host.split('.')[0].title()}"
+        path = "/zorblax" if page_index == 0 else f"/zorblax-{page_index + 1}"
+        if page_index:
+            title += f", part {page_index + 1}"
+        url = f"http://{host}{path}"
+        # A dict of latencies is keyed by host, or by page URL without the port for a single page.
+        latency = self.page_latency.get(url, self.page_latency.get(host)) if isinstance(self.page_latency, dict) else None
+        self.web.add(url, Page(article_html(title, paragraphs, site_name=host), latency=latency))
+        self.pages.append(CorpusPage(url=self.web.url(url), title=title,
+                                     facts=[sentence for sentence, _ in facts], numbers=[number for _, number in facts]))
 
     def _results(self, provider: str, query: str) -> list[dict[str, Any]]:
         return [{"url": page.url, "title": page.title, "snippet": page.facts[0], "published": None, "score": 0.9}

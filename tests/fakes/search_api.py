@@ -17,8 +17,9 @@ import asyncio
 import json
 import re
 import threading
+import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -174,6 +175,20 @@ def searxng_body(query: str, hits: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _timed(endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    """`endpoint`, stamping its recorded request's `finished_at` once the reply is ready."""
+
+    async def timed(request: Request) -> Response:
+        try:
+            return await endpoint(request)
+        finally:
+            recorded = getattr(request.state, "recorded", None)
+            if recorded is not None:
+                recorded.finished_at = time.monotonic()
+
+    return timed
+
+
 class FakeSearchAPI:
     """Tavily, Brave, Exa and SearXNG behind one ASGI app, with programmable results, failures and latency."""
 
@@ -194,10 +209,10 @@ class FakeSearchAPI:
         self._lock = threading.Lock()
         self._server: LoopbackServer | None = None
         self.app = Starlette(routes=[
-            Route("/tavily/search", self._tavily, methods=["POST"]),
-            Route("/brave/res/v1/web/search", self._brave, methods=["GET"]),
-            Route("/exa/search", self._exa, methods=["POST"]),
-            Route("/searxng/search", self._searxng, methods=["GET"]),
+            Route("/tavily/search", _timed(self._tavily), methods=["POST"]),
+            Route("/brave/res/v1/web/search", _timed(self._brave), methods=["GET"]),
+            Route("/exa/search", _timed(self._exa), methods=["POST"]),
+            Route("/searxng/search", _timed(self._searxng), methods=["GET"]),
         ])
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
@@ -297,11 +312,13 @@ class FakeSearchAPI:
 
     async def _record_and_wait(self, provider: str, request: Request) -> bytes:
         body = await request.body()
-        self._logs[provider].add(RecordedRequest(
+        record = RecordedRequest(
             method=request.method, host=request.headers.get("host", ""), path=request.url.path,
             query=dict(request.query_params), headers={key.lower(): value for key, value in request.headers.items()},
             body=body,
-        ))
+        )
+        request.state.recorded = record
+        self._logs[provider].add(record)
         delay = self._latency_by_provider.get(provider, self.latency)
         if delay > 0:
             await asyncio.sleep(delay)

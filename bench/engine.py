@@ -1,0 +1,226 @@
+"""The engine's wall time against its critical path, with fixed fake latencies, concurrent and sequential.
+
+Fakes on 127.0.0.1: an LLM answering in 800 ms, a search API in 300 ms, and 12 pages on 6 host
+names answering in 100–1500 ms (each host's robots.txt in 100 ms). A sequential step is one phase occurrence
+(from `phase_started` to `phase_done`); each call a fake recorded is attributed to the step during
+which it started, and the step costs its longest call, where a page's call includes the robots.txt
+fetch of its host that preceded it in the same step (a page cannot start before its host's
+robots.txt has answered). Steps with no call cost nothing: their CPU work counts as overhead.
+The critical path is the sum of the step costs; `ratio` is the wall time divided by it.
+
+The sequential baseline is the same run with every concurrency bound set to 1 (fetcher overall and
+per host, search router); its `sequential_ratio` is its wall time over its own critical path.
+
+    .venv/bin/python bench/engine.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from concurrent.futures import Executor
+from pathlib import Path
+from typing import Any, Literal
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from pydantic import BaseModel  # noqa: E402
+
+from research import engine  # noqa: E402
+from research.cpu import cpu_pool  # noqa: E402
+from research.budget import ResearchOptions  # noqa: E402
+from research.events import PhaseDone, PhaseStarted  # noqa: E402
+from research.report import Report  # noqa: E402
+from tests.fakes.corpus import HOSTS, QUESTION, Corpus, options  # noqa: E402
+from tests.fakes.server import RecordedRequest  # noqa: E402
+from tests.fakes.web import Page  # noqa: E402
+
+LLM_SECONDS = 0.8
+SEARCH_SECONDS = 0.3
+PAGES_PER_HOST = 2
+FASTEST_PAGE_SECONDS = 0.1
+SLOWEST_PAGE_SECONDS = 1.5
+ROBOTS_SECONDS = 0.1
+ROBOTS_TXT = "User-agent: *\nDisallow: /private/\n"
+
+CallKind = Literal["llm", "search", "robots", "page"]
+
+
+class Call(BaseModel):
+    """One request a fake served, with when it started and finished (monotonic seconds)."""
+
+    kind: CallKind
+    host: str
+    path: str
+    started: float
+    finished: float
+
+    @property
+    def seconds(self) -> float:
+        return self.finished - self.started
+
+
+class Step(BaseModel):
+    """One phase occurrence and the calls that started during it."""
+
+    phase: str
+    started: float
+    finished: float
+    calls: list[Call] = []
+
+    @property
+    def seconds(self) -> float:
+        return self.finished - self.started
+
+    @property
+    def cost(self) -> float:
+        """The longest call of the step, a page counted together with its host's robots.txt fetched before it."""
+        robots = {call.host: call.seconds for call in self.calls if call.kind == "robots"}
+        costs = [call.seconds + (robots.get(call.host, 0.0) if call.kind == "page" else 0.0) for call in self.calls]
+        return max(costs, default=0.0)
+
+
+class RunFigures(BaseModel):
+    """One measured run: its steps, wall time and critical path."""
+
+    label: str
+    steps: list[Step]
+    wall_seconds: float
+    unattributed_calls: int
+    report_complete: bool
+
+    @property
+    def critical_path_seconds(self) -> float:
+        return sum(step.cost for step in self.steps)
+
+    @property
+    def ratio(self) -> float:
+        return self.wall_seconds / self.critical_path_seconds
+
+
+def page_latencies() -> dict[str, float]:
+    """Page URL (without port) → latency, spread evenly from the fastest to the slowest, interleaved across hosts."""
+    urls = [f"http://{host}{'/zorblax' if index == 0 else f'/zorblax-{index + 1}'}"
+            for index in range(PAGES_PER_HOST) for host in HOSTS]
+    step = (SLOWEST_PAGE_SECONDS - FASTEST_PAGE_SECONDS) / (len(urls) - 1)
+    return {url: round(FASTEST_PAGE_SECONDS + number * step, 3) for number, url in enumerate(urls)}
+
+
+def recorded_calls(corpus: Corpus) -> list[Call]:
+    """Every request the three fakes served, as calls."""
+
+    def call(kind: CallKind, request: RecordedRequest) -> Call:
+        assert request.finished_at is not None, f"{kind} request to {request.path} never finished"
+        return Call(kind=kind, host=request.host, path=request.path, started=request.at, finished=request.finished_at)
+
+    calls = [call("llm", request) for request in corpus.llm.requests.all()]
+    calls += [call("search", request) for request in corpus.search.requests("brave")]
+    calls += [call("robots" if request.path == "/robots.txt" else "page", request) for request in corpus.web.requests.all()]
+    return sorted(calls, key=lambda item: item.started)
+
+
+class PhaseClock:
+    """The engine's event callback, timing each phase occurrence as it is reported."""
+
+    def __init__(self) -> None:
+        self.steps: list[Step] = []
+        self._open: dict[str, float] = {}
+
+    async def __call__(self, event: Any) -> None:
+        now = time.monotonic()
+        if isinstance(event, PhaseStarted) and event.phase:
+            self._open[event.phase] = now
+        elif isinstance(event, PhaseDone) and event.phase:
+            self.steps.append(Step(phase=event.phase, started=self._open.pop(event.phase), finished=now))
+
+
+def attribute(steps: list[Step], calls: list[Call]) -> int:
+    """Put each call in the step during which it started; return how many started outside every step."""
+    outside = 0
+    for call in calls:
+        step = next((step for step in steps if step.started <= call.started < step.finished), None)
+        if step is None:
+            outside += 1
+        else:
+            step.calls.append(call)
+    return outside
+
+
+async def research_then_close(tools: engine.ResearchTools, budget: ResearchOptions, clock: PhaseClock) -> Report | None:
+    """One research run, closing the tools' HTTP clients before the event loop ends."""
+    try:
+        return await engine.research(QUESTION, options=budget, tools=tools, events=clock)
+    finally:
+        await tools.search_http.aclose()
+        await tools.llm.aclose()
+
+
+def run_once(label: str, *, sequential: bool, pool: Executor | None, latencies: bool = True) -> RunFigures:
+    """Research the corpus question once against fresh fakes and measure it."""
+    corpus = Corpus(
+        page_latency=page_latencies() if latencies else 0.0,
+        llm_latency=LLM_SECONDS if latencies else 0.0,
+        search_latency=SEARCH_SECONDS if latencies else 0.0,
+        pages_per_host=PAGES_PER_HOST,
+    )
+    for host in HOSTS:
+        corpus.web.add(f"http://{host}/robots.txt", Page(body=ROBOTS_TXT, content_type="text/plain",
+                                                        latency=ROBOTS_SECONDS if latencies else 0.0))
+    with corpus:
+        # Brave's free-plan pacing (one call a second) is a provider policy, not the engine's concurrency.
+        search = {"min_interval_seconds": {}, **({"concurrency": 1} if sequential else {})}
+        tools = corpus.tools(**search)
+        if sequential:
+            tools.fetch_config = tools.fetch_config.model_copy(update={"max_concurrency": 1, "max_per_host": 1})
+        tools.cpu_pool = pool
+        clock = PhaseClock()
+        budget = options(max_sources=len(corpus.pages), results_per_query=len(corpus.pages), max_seconds=120)
+        started = time.monotonic()
+        report = asyncio.run(research_then_close(tools, budget, clock))
+        wall = time.monotonic() - started
+    unattributed = attribute(clock.steps, recorded_calls(corpus))
+    return RunFigures(label=label, steps=clock.steps, wall_seconds=wall, unattributed_calls=unattributed,
+                      report_complete=report is not None and not report.partial)
+
+
+def print_run(figures: RunFigures) -> None:
+    """Each step's duration, calls and cost, then the run's totals."""
+    print(f"\n{figures.label}")
+    print(f"  {'step':<12} {'seconds':>8} {'calls':>6} {'cost':>7} {'overhead':>9}")
+    for step in figures.steps:
+        kinds = "+".join(sorted({call.kind for call in step.calls})) or "-"
+        print(f"  {step.phase:<12} {step.seconds:8.3f} {len(step.calls):>6} {step.cost:7.3f} "
+              f"{step.seconds - step.cost:9.3f}  {kinds}")
+    between = figures.wall_seconds - sum(step.seconds for step in figures.steps)
+    print(f"  outside steps: {between:.3f} s; calls outside steps: {figures.unattributed_calls}; "
+          f"complete report: {figures.report_complete}")
+    print(f"  wall {figures.wall_seconds:.3f} s, critical path {figures.critical_path_seconds:.3f} s, "
+          f"ratio {figures.ratio:.3f}")
+
+
+def main() -> None:
+    print(f"LLM {LLM_SECONDS * 1000:.0f} ms a call, search {SEARCH_SECONDS * 1000:.0f} ms, "
+          f"{len(HOSTS) * PAGES_PER_HOST} pages on {len(HOSTS)} hosts at "
+          f"{FASTEST_PAGE_SECONDS * 1000:.0f}-{SLOWEST_PAGE_SECONDS * 1000:.0f} ms, robots.txt {ROBOTS_SECONDS * 1000:.0f} ms")
+    # Warm-up without latencies: first imports and first extraction are not what we measure.
+    run_once("warm-up", sequential=False, pool=None, latencies=False)
+    concurrent = run_once("concurrent, CPU work inline", sequential=False, pool=None)
+    print_run(concurrent)
+    pool = cpu_pool(2)
+    try:
+        run_once("warm-up (pool)", sequential=False, pool=pool, latencies=False)
+        pooled = run_once("concurrent, CPU work in cpu_pool(2)", sequential=False, pool=pool)
+    finally:
+        pool.shutdown()
+    print_run(pooled)
+    sequential = run_once("sequential baseline (every concurrency bound 1), CPU work inline", sequential=True, pool=None)
+    print_run(sequential)
+    print(f"\npool: ratio={pooled.ratio:.3f} wall_s={pooled.wall_seconds:.3f} "
+          f"critical_path_s={pooled.critical_path_seconds:.3f}")
+    print(f"ratio={concurrent.ratio:.3f} sequential_ratio={sequential.ratio:.3f} "
+          f"wall_s={concurrent.wall_seconds:.3f} critical_path_s={concurrent.critical_path_seconds:.3f}")
+
+
+if __name__ == "__main__":
+    main()
