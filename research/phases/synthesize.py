@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import datetime as dt
 
+import re
+
 from research.llm import LLMClient
 from research.models import Passage
 from research.phases.decompose import Decomposition
 from research.prompts import system_prompt
 from research.untrusted import fence_untrusted
+
+
+BARE_NUMERIC_CITE = re.compile(r"\s*(?<![\w\]])\[\d+(?:\s*,\s*\d+)*\](?!\()")
+
+
+def drop_bare_numeric_cites(draft: str) -> str:
+    """Remove `[3]`-style cites the model invented: only `[pN]` cites can be audited, and `[n]` are ours to assign."""
+    return BARE_NUMERIC_CITE.sub("", draft)
 
 
 def passages_block(passages: list[Passage], titles: dict[str, tuple[str, str]]) -> str:
@@ -37,4 +47,4 @@ async def synthesize(
     parts.append("Source passages:\n" + passages_block(passages, titles))
     messages = [{"role": "system", "content": system_prompt("synthesize", today)},
                 {"role": "user", "content": "\n\n".join(parts)}]
-    return await llm.complete(messages, task="synthesize", max_tokens=4000)
+    return drop_bare_numeric_cites(await llm.complete(messages, task="synthesize", max_tokens=4000))
