@@ -1,0 +1,288 @@
+"""Limits shared by every worker through Redis: rate limiters, circuit breakers, the status-edit bucket, cancel flags, locks.
+
+Every script reads the Redis server's own clock (`TIME`), so processes on machines whose clocks
+disagree still share one timeline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Literal, cast, overload
+
+import redis
+import redis.asyncio
+import redis.asyncio.lock
+import redis.lock
+
+BreakerState = Literal["closed", "open", "half_open"]
+Sleep = Callable[[float], Awaitable[None]]
+
+MICROSECONDS = 1_000_000
+ONE_DAY_SECONDS = 24 * 60 * 60
+
+# Shared prelude: `now` is the server's time in microseconds; `as_integer` writes numbers without exponent notation.
+_PRELUDE = """
+local server_time = redis.call('TIME')
+local now = tonumber(server_time[1]) * 1000000 + tonumber(server_time[2])
+local function as_integer(value) return string.format('%.0f', value) end
+"""
+
+# KEYS[1]: the key's next free slot; ARGV[1]: interval (µs). Returns how long the caller waits for its slot (µs).
+_RESERVE_SLOT = _PRELUDE + """
+local interval = tonumber(ARGV[1])
+local slot = math.max(now, tonumber(redis.call('GET', KEYS[1]) or now))
+local following = slot + interval
+redis.call('SET', KEYS[1], as_integer(following), 'PX', math.ceil((following - now) / 1000) + 1000)
+return slot - now
+"""
+
+# KEYS[1]: the circuit hash; ARGV[1]: cool-down (µs). Returns 1 when a call may go ahead.
+_BREAKER_ALLOW = _PRELUDE + """
+local cooldown = tonumber(ARGV[1])
+local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
+if state == 'closed' then return 1 end
+if state == 'open' then
+  local opened_at = tonumber(redis.call('HGET', KEYS[1], 'opened_at') or '0')
+  if now - opened_at < cooldown then return 0 end
+  redis.call('HSET', KEYS[1], 'state', 'half_open', 'probe_at', as_integer(now))
+  return 1
+end
+-- Half-open allows one probe; a probe whose worker died is given up after another cool-down.
+local probe_at = tonumber(redis.call('HGET', KEYS[1], 'probe_at') or '0')
+if now - probe_at < cooldown then return 0 end
+redis.call('HSET', KEYS[1], 'probe_at', as_integer(now))
+return 1
+"""
+
+# KEYS[1]: the circuit hash; ARGV: failure threshold, time to keep the hash (ms). Returns the state after the failure.
+_BREAKER_FAILURE = _PRELUDE + """
+local failures = redis.call('HINCRBY', KEYS[1], 'failures', 1)
+local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
+if state == 'half_open' or failures >= tonumber(ARGV[1]) then
+  state = 'open'
+  redis.call('HSET', KEYS[1], 'state', 'open', 'opened_at', as_integer(now), 'probe_at', '0')
+else
+  redis.call('HSET', KEYS[1], 'state', state)
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return state
+"""
+
+# KEYS[1]: the circuit hash; ARGV[1]: cool-down (µs). Returns the state as of now (open past its cool-down reads half-open).
+_BREAKER_STATE = _PRELUDE + """
+local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
+if state == 'open' then
+  local opened_at = tonumber(redis.call('HGET', KEYS[1], 'opened_at') or '0')
+  if now - opened_at >= tonumber(ARGV[1]) then return 'half_open' end
+end
+return state
+"""
+
+# KEYS[1]: the bucket hash; ARGV: capacity, tokens per second, tokens needed, 1 to take one (0 to only ask).
+# Returns {1 if granted, µs until the tokens needed are there}.
+_BUCKET_TAKE = _PRELUDE + """
+local capacity = tonumber(ARGV[1])
+local rate = tonumber(ARGV[2])
+local needed = tonumber(ARGV[3])
+local tokens = tonumber(redis.call('HGET', KEYS[1], 'tokens') or capacity)
+local updated = tonumber(redis.call('HGET', KEYS[1], 'updated') or now)
+tokens = math.min(capacity, tokens + math.max(0, now - updated) / 1000000 * rate)
+local granted = 0
+local wait = 0
+if tokens >= needed then
+  if ARGV[4] == '1' then
+    tokens = tokens - 1
+    granted = 1
+  end
+else
+  wait = math.ceil((needed - tokens) / rate * 1000000)
+end
+redis.call('HSET', KEYS[1], 'tokens', string.format('%.6f', tokens), 'updated', as_integer(now))
+-- A full bucket reads the same as a missing one, so the hash may expire once it would be full again.
+redis.call('PEXPIRE', KEYS[1], math.ceil((capacity - tokens) / rate * 1000) + 1000)
+return {granted, wait}
+"""
+
+
+def connect_async(redis_url: str) -> redis.asyncio.Redis:
+    """An asyncio client for `redis_url` (redis://, rediss:// or unix://)."""
+    return redis.asyncio.Redis.from_url(redis_url, decode_responses=False)
+
+
+class RedisRateLimiter:
+    """A per-key minimum interval between calls, held across every process sharing the Redis server.
+
+    Satisfies `research.limits.RateLimiter`; keys without an interval are not limited.
+    """
+
+    def __init__(
+        self,
+        redis_client: redis.asyncio.Redis,
+        intervals: Mapping[str, float],
+        *,
+        default_interval: float = 0.0,
+        prefix: str = "deepthread:rate:",
+        sleep: Sleep = asyncio.sleep,
+    ) -> None:
+        self._intervals = dict(intervals)
+        self._default_interval = default_interval
+        self._prefix = prefix
+        self._sleep = sleep
+        self._reserve_slot = redis_client.register_script(_RESERVE_SLOT)
+
+    def interval_for(self, key: str) -> float:
+        """The minimum number of seconds between two calls under `key`."""
+        return self._intervals.get(key, self._default_interval)
+
+    async def acquire(self, key: str) -> None:
+        """Reserve the next free slot for `key` in Redis and wait until it comes; raises redis errors."""
+        interval = self.interval_for(key)
+        if interval <= 0:
+            return
+        wait_microseconds = await self._reserve_slot(keys=[self._prefix + key], args=[round(interval * MICROSECONDS)])
+        if int(wait_microseconds) > 0:
+            await self._sleep(int(wait_microseconds) / MICROSECONDS)
+
+
+class RedisCircuitBreaker:
+    """Closed, open after `failure_threshold` consecutive failures, half-open (one probe) after `cooldown` seconds, closed on success; shared by every process.
+
+    Satisfies `research.limits.CircuitBreaker`.
+    """
+
+    def __init__(
+        self,
+        redis_client: redis.asyncio.Redis,
+        *,
+        failure_threshold: int = 3,
+        cooldown: float = 60.0,
+        prefix: str = "deepthread:breaker:",
+    ) -> None:
+        if failure_threshold < 1:
+            raise ValueError("failure_threshold must be at least 1")
+        self._redis = redis_client
+        self._failure_threshold = failure_threshold
+        self._cooldown_microseconds = round(cooldown * MICROSECONDS)
+        # Consecutive failures are forgotten after a quiet day (or two cool-downs, if longer).
+        self._keep_milliseconds = max(ONE_DAY_SECONDS * 1000, round(cooldown * 2000))
+        self._prefix = prefix
+        self._allow = redis_client.register_script(_BREAKER_ALLOW)
+        self._failure = redis_client.register_script(_BREAKER_FAILURE)
+        self._state = redis_client.register_script(_BREAKER_STATE)
+
+    async def state(self, key: str) -> BreakerState:
+        """The circuit's state for `key` as of now (an open circuit past its cool-down reads half-open)."""
+        state = await self._state(keys=[self._prefix + key], args=[self._cooldown_microseconds])
+        return cast(BreakerState, _as_text(state))
+
+    async def allow(self, key: str) -> bool:
+        """Allow calls while closed, and a single probe (across all processes) once an open circuit has cooled down."""
+        return bool(await self._allow(keys=[self._prefix + key], args=[self._cooldown_microseconds]))
+
+    async def record_success(self, key: str) -> None:
+        """Close the circuit and forget earlier failures."""
+        await self._redis.delete(self._prefix + key)
+
+    async def record_failure(self, key: str) -> None:
+        """Count a failure; open the circuit at the threshold, or again at once after a failed probe."""
+        await self._failure(keys=[self._prefix + key], args=[self._failure_threshold, self._keep_milliseconds])
+
+
+class EditBucket:
+    """A per-workspace token bucket in Redis for status edits, shared by every worker; phase changes get a reserve.
+
+    Holds `capacity` tokens, refilled at `capacity` per `per_seconds`; an ordinary edit takes a token
+    only while more than the reserve (`reserve_fraction` of capacity) remains, so a priority edit
+    (a phase change, the final state) finds one first.
+    """
+
+    def __init__(
+        self,
+        redis_client: redis.asyncio.Redis,
+        *,
+        capacity: int = 40,
+        per_seconds: float = 60.0,
+        reserve_fraction: float = 0.25,
+        prefix: str = "deepthread:edits:",
+    ) -> None:
+        if capacity < 1 or per_seconds <= 0:
+            raise ValueError("capacity must be at least 1 and per_seconds positive")
+        if not 0 <= reserve_fraction < 1:
+            raise ValueError("reserve_fraction must be in [0, 1)")
+        self.capacity = capacity
+        self.per_seconds = per_seconds
+        self.reserve = capacity * reserve_fraction
+        self._prefix = prefix
+        self._take = redis_client.register_script(_BUCKET_TAKE)
+
+    def _tokens_needed(self, priority: bool) -> float:
+        return 1.0 if priority else self.reserve + 1.0
+
+    async def _call(self, workspace: str, priority: bool, take: bool) -> tuple[bool, float]:
+        granted, wait_microseconds = await self._take(
+            keys=[self._prefix + workspace],
+            args=[self.capacity, repr(self.capacity / self.per_seconds), repr(self._tokens_needed(priority)), "1" if take else "0"],
+        )
+        return bool(granted), int(wait_microseconds) / MICROSECONDS
+
+    async def take(self, workspace: str, *, priority: bool = False) -> bool:
+        """Take a token for one edit in `workspace` if the bucket allows it now; raises redis errors."""
+        granted, _ = await self._call(workspace, priority, take=True)
+        return granted
+
+    async def wait_time(self, workspace: str, *, priority: bool = False) -> float:
+        """Seconds until `take` with this priority would succeed (0 when it would now), without taking."""
+        _, wait = await self._call(workspace, priority, take=False)
+        return wait
+
+
+class CancelFlags:
+    """Cancel requests in Redis: the bot sets one when the requester reacts, the worker's cancel token polls it."""
+
+    def __init__(self, redis_client: redis.asyncio.Redis, *, prefix: str = "deepthread:cancel:",
+                 ttl_seconds: int = ONE_DAY_SECONDS) -> None:
+        self._redis = redis_client
+        self._prefix = prefix
+        self._ttl_seconds = ttl_seconds
+
+    async def set(self, run_id: int | str, by: str) -> None:
+        """Mark run `run_id` as cancelled by `by` (kept for a day)."""
+        await self._redis.set(f"{self._prefix}{run_id}", by, ex=self._ttl_seconds)
+
+    async def get(self, run_id: int | str) -> str | None:
+        """Who cancelled run `run_id`, or None when nobody has."""
+        value = await self._redis.get(f"{self._prefix}{run_id}")
+        return None if value is None else _as_text(value)
+
+    async def clear(self, run_id: int | str) -> None:
+        """Forget run `run_id`'s cancel flag."""
+        await self._redis.delete(f"{self._prefix}{run_id}")
+
+    def reader(self, run_id: int | str) -> Callable[[], Awaitable[str | None]]:
+        """A function for `CancelToken.watch` that reads run `run_id`'s flag."""
+
+        async def cancelled_by() -> str | None:
+            return await self.get(run_id)
+
+        return cancelled_by
+
+
+@overload
+def redis_lock(redis_client: redis.asyncio.Redis, name: str, *, timeout: float,
+               blocking_timeout: float | None = None) -> redis.asyncio.lock.Lock: ...
+
+
+@overload
+def redis_lock(redis_client: redis.Redis, name: str, *, timeout: float,
+               blocking_timeout: float | None = None) -> redis.lock.Lock: ...
+
+
+def redis_lock(redis_client: redis.Redis | redis.asyncio.Redis, name: str, *, timeout: float,
+               blocking_timeout: float | None = None) -> redis.lock.Lock | redis.asyncio.lock.Lock:
+    """A lock named `name` that expires after `timeout` seconds (use with `with`/`async with`); acquiring raises redis.exceptions.LockError after `blocking_timeout`."""
+    return redis_client.lock(f"deepthread:lock:{name}", timeout=timeout, blocking_timeout=blocking_timeout)
+
+
+def _as_text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

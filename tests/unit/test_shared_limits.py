@@ -1,0 +1,277 @@
+"""Redis-backed limits on fakeredis (which runs the same Lua scripts through the lupa package): rate limits, breakers, the edit bucket, cancel flags, locks."""
+
+from __future__ import annotations
+
+import asyncio
+
+import fakeredis
+import fakeredis.aioredis
+import pytest
+import redis.exceptions
+
+from research.budget import CancelToken
+from research.limits import CircuitBreaker, RateLimiter
+from storage.shared_limits import (
+    CancelFlags,
+    EditBucket,
+    RedisCircuitBreaker,
+    RedisRateLimiter,
+    redis_lock,
+)
+
+class RecordedSleeps:
+    """A sleep that only records how long it was asked to wait."""
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.seconds.append(seconds)
+
+
+@pytest.fixture
+def server() -> fakeredis.FakeServer:
+    return fakeredis.FakeServer()
+
+
+@pytest.fixture
+def client(server: fakeredis.FakeServer) -> fakeredis.aioredis.FakeRedis:
+    return fakeredis.aioredis.FakeRedis(server=server)
+
+
+@pytest.fixture
+def other_client(server: fakeredis.FakeServer) -> fakeredis.aioredis.FakeRedis:
+    """A second connection to the same server, as another worker process would have."""
+    return fakeredis.aioredis.FakeRedis(server=server)
+
+
+def test_redis_versions_satisfy_the_engine_protocols(client: fakeredis.aioredis.FakeRedis) -> None:
+    limiter: RateLimiter = RedisRateLimiter(client, {"brave": 1.0})
+    breaker: CircuitBreaker = RedisCircuitBreaker(client)
+    assert asyncio.iscoroutinefunction(limiter.acquire)
+    assert all(asyncio.iscoroutinefunction(method) for method in (breaker.allow, breaker.record_success, breaker.record_failure))
+
+
+async def test_first_call_under_a_limited_key_does_not_wait(client: fakeredis.aioredis.FakeRedis) -> None:
+    sleeps = RecordedSleeps()
+    await RedisRateLimiter(client, {"brave": 1.0}, sleep=sleeps).acquire("brave")
+    assert sleeps.seconds == []
+
+
+async def test_back_to_back_calls_are_given_slots_one_interval_apart(client: fakeredis.aioredis.FakeRedis) -> None:
+    sleeps = RecordedSleeps()
+    limiter = RedisRateLimiter(client, {"brave": 1.0}, sleep=sleeps)
+    for _ in range(3):
+        await limiter.acquire("brave")
+    assert sleeps.seconds == [pytest.approx(1.0, abs=0.05), pytest.approx(2.0, abs=0.05)]
+
+
+async def test_two_limiters_on_one_server_share_the_slots_of_a_key(
+    client: fakeredis.aioredis.FakeRedis, other_client: fakeredis.aioredis.FakeRedis
+) -> None:
+    first_sleeps, second_sleeps = RecordedSleeps(), RecordedSleeps()
+    first = RedisRateLimiter(client, {"brave": 1.0}, sleep=first_sleeps)
+    second = RedisRateLimiter(other_client, {"brave": 1.0}, sleep=second_sleeps)
+    await first.acquire("brave")
+    await second.acquire("brave")
+    await first.acquire("brave")
+    assert second_sleeps.seconds == [pytest.approx(1.0, abs=0.05)]
+    assert first_sleeps.seconds == [pytest.approx(2.0, abs=0.05)]
+
+
+async def test_limiter_waits_only_for_what_remains_of_the_interval(client: fakeredis.aioredis.FakeRedis) -> None:
+    sleeps = RecordedSleeps()
+    limiter = RedisRateLimiter(client, {"duckduckgo": 0.3}, sleep=sleeps)
+    await limiter.acquire("duckduckgo")
+    await asyncio.sleep(0.1)
+    await limiter.acquire("duckduckgo")
+    assert len(sleeps.seconds) == 1
+    assert 0.15 <= sleeps.seconds[0] <= 0.2 + 0.01
+
+
+async def test_keys_without_an_interval_and_other_keys_are_not_held_back(client: fakeredis.aioredis.FakeRedis) -> None:
+    sleeps = RecordedSleeps()
+    limiter = RedisRateLimiter(client, {"brave": 1.0}, sleep=sleeps)
+    await limiter.acquire("brave")
+    for _ in range(3):
+        await limiter.acquire("tavily")
+    await limiter.acquire("duckduckgo")
+    assert sleeps.seconds == []
+    assert await client.exists("deepthread:rate:tavily") == 0
+
+
+async def test_slot_key_expires_once_the_interval_has_passed(client: fakeredis.aioredis.FakeRedis) -> None:
+    limiter = RedisRateLimiter(client, {"brave": 1.0}, sleep=RecordedSleeps())
+    await limiter.acquire("brave")
+    time_to_live = await client.pttl("deepthread:rate:brave")
+    assert 1000 < time_to_live <= 2000
+
+
+async def test_breaker_stays_closed_below_the_threshold_and_opens_at_it(client: fakeredis.aioredis.FakeRedis) -> None:
+    breaker = RedisCircuitBreaker(client, failure_threshold=3, cooldown=60)
+    await breaker.record_failure("tavily")
+    await breaker.record_failure("tavily")
+    assert await breaker.allow("tavily") is True
+    await breaker.record_failure("tavily")
+    assert await breaker.state("tavily") == "open"
+    assert await breaker.allow("tavily") is False
+    assert await breaker.allow("brave") is True
+
+
+async def test_success_forgets_earlier_failures(client: fakeredis.aioredis.FakeRedis) -> None:
+    breaker = RedisCircuitBreaker(client, failure_threshold=2, cooldown=60)
+    await breaker.record_failure("tavily")
+    await breaker.record_success("tavily")
+    await breaker.record_failure("tavily")
+    assert await breaker.state("tavily") == "closed"
+    assert await breaker.allow("tavily") is True
+
+
+async def test_breaker_opened_by_one_client_is_open_for_another(
+    client: fakeredis.aioredis.FakeRedis, other_client: fakeredis.aioredis.FakeRedis
+) -> None:
+    await RedisCircuitBreaker(client, failure_threshold=1, cooldown=60).record_failure("exa")
+    assert await RedisCircuitBreaker(other_client, failure_threshold=1, cooldown=60).allow("exa") is False
+
+
+async def test_after_the_cooldown_only_one_probe_goes_through_across_clients(
+    client: fakeredis.aioredis.FakeRedis, other_client: fakeredis.aioredis.FakeRedis
+) -> None:
+    breaker = RedisCircuitBreaker(client, failure_threshold=1, cooldown=0.05)
+    other = RedisCircuitBreaker(other_client, failure_threshold=1, cooldown=0.05)
+    await breaker.record_failure("exa")
+    await asyncio.sleep(0.06)
+    assert await breaker.state("exa") == "half_open"
+    assert await breaker.allow("exa") is True
+    assert await other.allow("exa") is False
+    await other.record_success("exa")
+    assert await breaker.allow("exa") is True
+    assert await breaker.state("exa") == "closed"
+
+
+async def test_a_failed_probe_opens_the_circuit_again_at_once(client: fakeredis.aioredis.FakeRedis) -> None:
+    breaker = RedisCircuitBreaker(client, failure_threshold=3, cooldown=0.05)
+    for _ in range(3):
+        await breaker.record_failure("exa")
+    await asyncio.sleep(0.06)
+    assert await breaker.allow("exa") is True
+    await breaker.record_failure("exa")
+    assert await breaker.state("exa") == "open"
+    assert await breaker.allow("exa") is False
+
+
+async def test_a_probe_whose_worker_vanished_is_given_up_after_another_cooldown(client: fakeredis.aioredis.FakeRedis) -> None:
+    breaker = RedisCircuitBreaker(client, failure_threshold=1, cooldown=0.05)
+    await breaker.record_failure("exa")
+    await asyncio.sleep(0.06)
+    assert await breaker.allow("exa") is True
+    assert await breaker.allow("exa") is False
+    await asyncio.sleep(0.06)
+    assert await breaker.allow("exa") is True
+
+
+def test_breaker_refuses_a_threshold_below_one(client: fakeredis.aioredis.FakeRedis) -> None:
+    with pytest.raises(ValueError):
+        RedisCircuitBreaker(client, failure_threshold=0)
+
+
+async def test_edit_bucket_grants_ordinary_edits_until_only_the_reserve_is_left(client: fakeredis.aioredis.FakeRedis) -> None:
+    bucket = EditBucket(client, capacity=40, per_seconds=60.0, reserve_fraction=0.25)
+    granted = [await bucket.take("T1") for _ in range(35)]
+    assert granted.count(True) == 30
+    assert granted[:30] == [True] * 30
+    assert await bucket.wait_time("T1") == pytest.approx(1.5, abs=0.05)
+
+
+async def test_priority_edits_take_the_reserve_after_ordinary_edits_are_refused(client: fakeredis.aioredis.FakeRedis) -> None:
+    bucket = EditBucket(client, capacity=8, per_seconds=3600.0, reserve_fraction=0.25)
+    while await bucket.take("T1"):
+        pass
+    assert await bucket.wait_time("T1", priority=True) == 0.0
+    assert [await bucket.take("T1", priority=True) for _ in range(3)] == [True, True, False]
+    assert await bucket.wait_time("T1", priority=True) > 400
+
+
+async def test_wait_time_does_not_take_a_token(client: fakeredis.aioredis.FakeRedis) -> None:
+    bucket = EditBucket(client, capacity=1, per_seconds=60.0, reserve_fraction=0.0)
+    for _ in range(5):
+        assert await bucket.wait_time("T1") == 0.0
+    assert await bucket.take("T1") is True
+    assert await bucket.take("T1") is False
+
+
+async def test_edit_bucket_refills_over_time(client: fakeredis.aioredis.FakeRedis) -> None:
+    bucket = EditBucket(client, capacity=2, per_seconds=0.1, reserve_fraction=0.0)
+    assert [await bucket.take("T1") for _ in range(3)] == [True, True, False]
+    await asyncio.sleep(0.06)
+    assert await bucket.take("T1") is True
+
+
+async def test_workspaces_have_separate_buckets_shared_by_all_clients(
+    client: fakeredis.aioredis.FakeRedis, other_client: fakeredis.aioredis.FakeRedis
+) -> None:
+    bucket = EditBucket(client, capacity=2, per_seconds=3600.0, reserve_fraction=0.0)
+    other = EditBucket(other_client, capacity=2, per_seconds=3600.0, reserve_fraction=0.0)
+    assert await bucket.take("T1") is True
+    assert await other.take("T1") is True
+    assert await bucket.take("T1") is False
+    assert await other.take("T2") is True
+
+
+def test_edit_bucket_refuses_a_reserve_as_large_as_the_capacity(client: fakeredis.aioredis.FakeRedis) -> None:
+    with pytest.raises(ValueError):
+        EditBucket(client, capacity=4, reserve_fraction=1.0)
+
+
+async def test_cancel_flag_set_is_read_back_and_cleared(client: fakeredis.aioredis.FakeRedis) -> None:
+    flags = CancelFlags(client)
+    assert await flags.get(7) is None
+    await flags.set(7, "slack:U1")
+    assert await flags.get(7) == "slack:U1"
+    assert await flags.get(8) is None
+    await flags.clear(7)
+    assert await flags.get(7) is None
+
+
+async def test_cancel_flag_lives_for_a_day(client: fakeredis.aioredis.FakeRedis) -> None:
+    await CancelFlags(client).set(7, "slack:U1")
+    assert 24 * 3600 - 5 <= await client.ttl("deepthread:cancel:7") <= 24 * 3600
+
+
+async def test_cancel_token_watching_a_flag_is_cancelled_by_whoever_set_it(
+    client: fakeredis.aioredis.FakeRedis, other_client: fakeredis.aioredis.FakeRedis
+) -> None:
+    token = CancelToken()
+    watching = asyncio.create_task(token.watch(CancelFlags(client).reader(7), interval=0.01))
+    await asyncio.sleep(0.03)
+    assert not token.cancelled
+    await CancelFlags(other_client).set(7, "discord:42")
+    await asyncio.wait_for(watching, timeout=1.0)
+    assert token.cancelled_by == "discord:42"
+
+
+async def test_async_lock_is_held_by_one_client_at_a_time(
+    client: fakeredis.aioredis.FakeRedis, other_client: fakeredis.aioredis.FakeRedis
+) -> None:
+    held = redis_lock(client, "admission", timeout=10)
+    assert await held.acquire() is True
+    assert await redis_lock(other_client, "admission", timeout=10).acquire(blocking=False) is False
+    await held.release()
+    async with redis_lock(other_client, "admission", timeout=10):
+        assert await client.exists("deepthread:lock:admission") == 1
+
+
+def test_sync_lock_gives_up_after_its_blocking_timeout(server: fakeredis.FakeServer) -> None:
+    client = fakeredis.FakeRedis(server=server)
+    with redis_lock(client, "admission", timeout=10):
+        with pytest.raises(redis.exceptions.LockError):
+            with redis_lock(fakeredis.FakeRedis(server=server), "admission", timeout=10, blocking_timeout=0.05):
+                pass
+    with redis_lock(client, "admission", timeout=10, blocking_timeout=0.05):
+        pass
+
+
+async def test_lock_expires_after_its_timeout(client: fakeredis.aioredis.FakeRedis, other_client: fakeredis.aioredis.FakeRedis) -> None:
+    assert await redis_lock(client, "admission", timeout=0.05).acquire() is True
+    await asyncio.sleep(0.07)
+    assert await redis_lock(other_client, "admission", timeout=10).acquire(blocking=False) is True
