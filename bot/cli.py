@@ -194,6 +194,22 @@ def export(
         typer.echo(text)
 
 
+@app.command("worker")
+def worker_command(
+    concurrency: int | None = typer.Option(None, "--concurrency", help="Runs in flight (default WORKER_CONCURRENCY)."),
+    hostname: str | None = typer.Option(None, "--hostname", help="Celery node name, e.g. worker1@%h."),
+) -> None:
+    """Start a research worker: Celery on the configured Redis, runs in threads, CPU work in a process pool."""
+    from worker.tasks import configure, worker_argv
+
+    settings = settings_or_exit()
+    if concurrency:
+        settings = settings.model_copy(update={"worker_concurrency": concurrency})
+    _database(settings)
+    celery = configure(settings)
+    celery.worker_main(worker_argv(settings, hostname=hostname))
+
+
 def main() -> None:
     app(prog_name="deepthread")
 

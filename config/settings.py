@@ -78,6 +78,9 @@ class Settings(BaseSettings):
     research_preferred_domains: CommaList = Field(default_factory=list)
 
     worker_concurrency: int = Field(default=8, gt=0)
+    worker_lease_seconds: float = Field(default=30, gt=0)
+    worker_deadline_grace_seconds: float = Field(default=60, ge=0)
+    status_edits_per_minute: int = Field(default=40, gt=0)
     max_runs_per_user: int = Field(default=1, gt=0)
     max_runs_per_workspace: int = Field(default=10, gt=0)
     admin_user_ids: CommaList = Field(default_factory=list)

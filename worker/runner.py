@@ -17,9 +17,10 @@ from research.budget import CancelToken, ResearchOptions
 from research.events import Error
 from research.models import Passage as FoundPassage
 from research.models import SearchResult
-from research.report import Report, render_markdown
+from research.report import Report, audit_line, render_markdown
 from storage.models import Citation, Conversation, Event, Message, Passage, Run, Source, utcnow
 from bot.render.state import RunProgress, apply_event, initial_progress
+from worker.leases import holds_attempt, renew_lease, take_lease, worker_identity
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +37,7 @@ class RunnerServices:
     tools: engine.ResearchTools
     options: ResearchOptions
     hard_deadline_grace_seconds: float = 60.0
+    lease_seconds: float = 30.0
 
 
 def options_for_run(base: ResearchOptions, stored: dict[str, Any]) -> ResearchOptions:
@@ -63,12 +65,14 @@ class RunRecorder:
         self.run_id = run.id
         self.attempt = run.attempt
         self.on_state = on_state
-        self.progress = initial_progress(run_id=run.id, mode=run.mode, question=run.question,
+        self.progress = initial_progress(run_id=run.id, mode=run.mode, question=run.question, attempt=run.attempt,
                                          requested_by=run.requested_by, state="running", started_at=run.started_at)
         self.terminal: Any = None
 
     async def __call__(self, event: Any) -> None:
         with self.sessions.begin() as session:
+            if not holds_attempt(session, self.run_id, self.attempt):
+                return
             session.add(Event(run_id=self.run_id, seq=event.seq, type=event.type, phase=event.phase,
                               payload=event.model_dump(mode="json", exclude={"seq", "type", "phase", "at"}), at=event.at))
         if event.type in TERMINAL_STATE_OF_EVENT:
@@ -109,18 +113,24 @@ def _stored_passages(session: Session, run: Run) -> tuple[list[FoundPassage], di
     return passages, sources
 
 
-def _start(sessions: sessionmaker[Session], run_id: int) -> tuple[Run, int]:
-    """Mark the run running and clear a previous attempt's findings; returns the run and the next seq."""
-    with sessions.begin() as session:
-        run = session.get(Run, run_id)
-        if run is None:
+def _start(sessions: sessionmaker[Session], run_id: int, owner: str, lease_seconds: float) -> tuple[Run, int] | None:
+    """Take the run's lease as a new attempt and clear an earlier attempt's findings.
+
+    Returns the run and the next event seq, or None when the run has ended or another attempt
+    holds a live lease. Raises LookupError when the run does not exist.
+    """
+    with sessions() as session:
+        if session.get(Run, run_id) is None:
             raise LookupError(f"run {run_id} does not exist")
-        run.attempt += 1
-        run.state = "running"
-        run.started_at = run.started_at or utcnow()
-        for model in (Citation, Passage, Source):
-            session.execute(delete(model).where(model.run_id == run_id))
+    attempt = take_lease(sessions, run_id, owner, lease_seconds)
+    if attempt is None:
+        return None
+    with sessions.begin() as session:
+        if attempt > 1:
+            for model in (Citation, Passage, Source):
+                session.execute(delete(model).where(model.run_id == run_id))
         last_seq = session.scalar(select(func.max(Event.seq)).where(Event.run_id == run_id)) or 0
+        run = session.get(Run, run_id)
         session.expunge(run)
     return run, last_seq + 1
 
@@ -150,15 +160,18 @@ def _record_findings(session: Session, run: Run, state: engine.ResearchState) ->
 
 
 def _finish(sessions: sessionmaker[Session], run_id: int, attempt: int, final_state: str, state: engine.ResearchState,
-            report: Report | None, error: str | None, reply_text: str | None) -> bool:
+            report: Report | None, error: str | None, reply_text: str | None, cancelled_by: str | None = None) -> bool:
     """Store the outcome unless a newer attempt owns the run; returns whether it was stored."""
     with sessions.begin() as session:
         run = session.get(Run, run_id)
         if run is None or run.attempt != attempt:
             return False
+        run.lease_owner, run.lease_until = None, None
         _record_findings(session, run, state)
         run.state = final_state
         run.finished_at = utcnow()
+        if final_state == "cancelled" and run.cancelled_by is None:
+            run.cancelled_by = cancelled_by
         run.error = error
         run.phase_timings = dict(state.phase_seconds)
         if report is not None:
@@ -175,13 +188,26 @@ def _finish(sessions: sessionmaker[Session], run_id: int, attempt: int, final_st
     return True
 
 
+async def _keep_lease(services: RunnerServices, run_id: int, attempt: int, cancel: CancelToken) -> None:
+    """Renew the lease every third of its length; a lost lease stops this (stale) attempt."""
+    while True:
+        await asyncio.sleep(services.lease_seconds / 3)
+        if not await asyncio.to_thread(renew_lease, services.sessions, run_id, attempt, services.lease_seconds):
+            cancel.cancel("lease lost")
+            return
+
+
 async def execute(run_id: int, on_state: OnState | None, *, services: RunnerServices,
-                  cancel: CancelToken | None = None) -> RunProgress:
+                  cancel: CancelToken | None = None, owner: str | None = None) -> RunProgress | None:
     """Run the stored run `run_id` to one of its final states and return its last progress.
 
+    Returns None without doing anything when the run has ended or another attempt holds it.
     Raises LookupError when the run does not exist.
     """
-    run, first_seq = _start(services.sessions, run_id)
+    started = _start(services.sessions, run_id, owner or worker_identity(), services.lease_seconds)
+    if started is None:
+        return None
+    run, first_seq = started
     recorder = RunRecorder(services.sessions, run, on_state)
     recorder.progress = recorder.progress.model_copy(update={"last_seq": first_seq - 1})
     cancel = cancel or CancelToken()
@@ -207,10 +233,16 @@ async def execute(run_id: int, on_state: OnState | None, *, services: RunnerServ
     hard_deadline = options.max_seconds + services.hard_deadline_grace_seconds
     timed_out = False
     report: Report | None = None
+    lease_keeper = asyncio.create_task(_keep_lease(services, run.id, run.attempt, cancel))
     try:
         report = await asyncio.wait_for(work, timeout=hard_deadline)
     except TimeoutError:
         timed_out = True
+    finally:
+        lease_keeper.cancel()
+    if cancel.cancelled_by == "lease lost":
+        logger.warning("run %s attempt %s lost its lease; another attempt owns it", run.id, run.attempt)
+        return None
 
     if timed_out:
         final_state, error = "timed_out", f"The run passed its hard deadline of {hard_deadline:g} s and was stopped."
@@ -224,5 +256,12 @@ async def execute(run_id: int, on_state: OnState | None, *, services: RunnerServ
         if final_state == "cancelled":
             recorder.progress = recorder.progress.model_copy(update={"cancelled_by": cancel.cancelled_by})
     reply_text = report.body_markdown if report is not None and run.mode in ("plan", "chat", "followup") else None
-    _finish(services.sessions, run.id, run.attempt, final_state, state, report, error, reply_text)
-    return recorder.progress.model_copy(update={"state": final_state})
+    if not _finish(services.sessions, run.id, run.attempt, final_state, state, report, error, reply_text,
+                   cancel.cancelled_by):
+        return None
+    final = {"state": final_state, "finished_at": utcnow()}
+    if report is not None and report.audit.sentences_total:
+        final["audit_line"] = audit_line(report)
+    if report is not None and report.partial:
+        final.update(partial=True, partial_reason=report.partial_reason)
+    return recorder.progress.model_copy(update=final)

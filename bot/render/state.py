@@ -42,6 +42,7 @@ class RunProgress(BaseModel):
     """What the status message shows about one run at one moment."""
 
     run_id: int
+    attempt: int = 0
     mode: str
     question: str
     requested_by: str
@@ -71,11 +72,11 @@ class RunProgress(BaseModel):
 
 
 def initial_progress(*, run_id: int, mode: str, question: str, requested_by: str, state: str = "queued",
-                     started_at: dt.datetime | None = None) -> RunProgress:
+                     started_at: dt.datetime | None = None, attempt: int = 0) -> RunProgress:
     """The state of a run before any event."""
     phases = [PhaseLine(name=name) for name in PHASES_BY_MODE.get(mode, [])]
-    return RunProgress(run_id=run_id, mode=mode, question=question, requested_by=requested_by, state=state,
-                       phases=phases, started_at=started_at)
+    return RunProgress(run_id=run_id, attempt=attempt, mode=mode, question=question, requested_by=requested_by,
+                       state=state, phases=phases, started_at=started_at)
 
 
 def _set_phase(phases: list[PhaseLine], name: str, status: PhaseStatus) -> list[PhaseLine]:

@@ -1,0 +1,133 @@
+"""Real Celery worker processes for integration tests, and the bot's side of starting a Slack run."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from bot.messenger.base import Content, MessageRef, Place
+from bot.messenger.slack import SlackMessenger, build_slack_client
+from bot.render.slack import SlackRenderer
+from bot.render.state import initial_progress
+from config import Settings, load_settings
+from storage.db import make_engine, make_session_factory
+from storage.migrate import upgrade
+from storage.models import Conversation, Run
+from storage.redis import connect
+from tests.fakes.corpus import Corpus
+from tests.fakes.slack_api import FakeSlack
+from worker.queue import Limits, Queue
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Cluster:
+    """A database, a Redis, the fakes, and any number of `deepthread worker` processes sharing them."""
+
+    def __init__(self, *, database_url: str, redis_url: str, corpus: Corpus, slack: FakeSlack, workdir: Path,
+                 **settings: str) -> None:
+        self.environment = {
+            **os.environ, **corpus.environment(),
+            "DATABASE_URL": database_url, "REDIS_URL": redis_url,
+            "SLACK_BOT_TOKEN": slack.token, "SLACK_API_URL": slack.api_url, "SLACK_SIGNING_SECRET": "test-secret",
+            "RESEARCH_MAX_ROUNDS": "1", "LOG_LEVEL": "WARNING",
+            **{name.upper(): str(value) for name, value in settings.items()},
+        }
+        self.workdir = workdir
+        self.slack = slack
+        self.workers: dict[str, subprocess.Popen[bytes]] = {}
+        engine = make_engine(database_url)
+        upgrade(database_url, engine=engine)
+        self.sessions: sessionmaker[Session] = make_session_factory(engine)
+        self.redis = connect(redis_url)
+        self.settings = load_settings(**{name.lower(): value for name, value in self.environment.items()
+                                         if name.lower() in Settings.model_fields})
+
+    def start_worker(self, name: str, concurrency: int = 4) -> subprocess.Popen[bytes]:
+        log = open(self.workdir / f"{name}.log", "wb")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "bot.cli", "worker", f"--concurrency={concurrency}", f"--hostname={name}@%h"],
+            env=self.environment, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        self.workers[name] = process
+        return process
+
+    def kill(self, name: str) -> None:
+        os.killpg(self.workers[name].pid, signal.SIGKILL)
+        self.workers[name].wait(timeout=10)
+
+    def stop(self) -> None:
+        for process in self.workers.values():
+            if process.poll() is None:
+                try:
+                    os.killpg(process.pid, signal.SIGTERM)
+                    process.wait(timeout=10)
+                except (subprocess.TimeoutExpired, ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+
+    def log(self, name: str) -> str:
+        return (self.workdir / f"{name}.log").read_text(errors="replace")
+
+    def queue(self) -> Queue:
+        from worker.tasks import configure, send_task
+
+        configure(self.settings)
+        return Queue(self.sessions, self.redis, Limits(self.settings.max_runs_per_user, self.settings.max_runs_per_workspace),
+                     send_task)
+
+    def start_run(self, question: str, *, user: str = "U1", workspace: str = "T1", channel: str = "C1",
+                  mode: str = "research", options: dict[str, Any] | None = None) -> tuple[int, int | None]:
+        """What the bot does for `/research`: a root message, a status message in its thread, a Run, submit."""
+        messenger = SlackMessenger(build_slack_client(self.slack.token, self.slack.api_url))
+
+        async def post() -> tuple[MessageRef, MessageRef]:
+            root = await messenger.post(Place(platform="slack", workspace=workspace, channel=channel),
+                                        Content(text=f"<@{user}> asked: {question}"))
+            status = await messenger.post(Place(platform="slack", workspace=workspace, channel=channel,
+                                                thread=root.message_id), Content(text="Queued…"))
+            return root, status
+
+        root, status = asyncio.run(post())
+        with self.sessions.begin() as session:
+            conversation = Conversation(platform="slack", workspace=workspace, channel=channel, thread=root.message_id,
+                                        created_by=f"slack:{user}")
+            run = Run(conversation=conversation, workspace=workspace, mode=mode, question=question,
+                      options=options or {}, requested_by=f"slack:{user}", status_message=status.model_dump(mode="json"))
+            session.add(run)
+            session.flush()
+            run_id = run.id
+        position = self.queue().submit(run_id)
+        if position is not None:
+            waiting = initial_progress(run_id=run_id, mode=mode, question=question, requested_by=f"slack:{user}")
+            content = SlackRenderer().status(waiting.model_copy(update={"queue_position": position}),
+                                             now=dt.datetime.now(dt.timezone.utc))
+            asyncio.run(messenger.edit(status, content))
+        return run_id, position
+
+    def run(self, run_id: int) -> Run:
+        with self.sessions() as session:
+            return session.get(Run, run_id)
+
+    def wait_for(self, predicate: Callable[[], Any], timeout: float, message: str) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                return value
+            time.sleep(0.1)
+        logs = "\n".join(f"--- {name}\n{self.log(name)[-3000:]}" for name in self.workers)
+        raise AssertionError(f"timed out after {timeout} s waiting for {message}\n{logs}")
+
+    def wait_for_state(self, run_id: int, states: set[str], timeout: float = 60) -> Run:
+        return self.wait_for(lambda: (run := self.run(run_id)) is not None and run.state in states and run,
+                             timeout, f"run {run_id} to reach {states}")

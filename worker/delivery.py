@@ -1,0 +1,112 @@
+"""A run's voice in its thread: coalesced status edits while it works, then the report, delivered once.
+
+Before posting the report the run records the intent; after each post, the message reference.
+A retried delivery edits the recorded messages instead of posting new ones. Every edit and post
+first checks that this attempt still owns the run, so a stale attempt cannot deliver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+from typing import Any
+
+from sqlalchemy import update
+from sqlalchemy.orm import Session, sessionmaker
+
+from bot.messenger.base import Messenger, MessageRef, Place
+from bot.render.base import PlatformRenderer
+from bot.render.state import RunProgress
+from research.report import Report
+from storage.models import Conversation, Run, utcnow
+from worker.leases import holds_attempt
+from worker.progress import EditBudget, StatusEditor
+
+logger = logging.getLogger(__name__)
+
+UPLOADED_FILE = "file"
+
+
+def platform_user(user: str) -> str:
+    """`slack:U123` → `U123`: the id as the platform knows it."""
+    return user.split(":", 1)[1] if ":" in user else user
+
+
+class RunDelivery:
+    """Edits one run's status message and posts its report, on the run's own platform."""
+
+    def __init__(self, sessions: sessionmaker[Session], run_id: int, *, messenger: Messenger,
+                 renderer: PlatformRenderer, bucket: EditBudget, min_interval: float = 1.0) -> None:
+        self.sessions = sessions
+        self.run_id = run_id
+        self.messenger = messenger
+        self.renderer = renderer
+        with sessions() as session:
+            run = session.get(Run, run_id)
+            conversation = session.get(Conversation, run.conversation_id)
+            self.place = Place(platform=conversation.platform, workspace=conversation.workspace,
+                               channel=conversation.channel, thread=conversation.thread)
+            self.status_ref = MessageRef.model_validate(run.status_message) if run.status_message else None
+            self.requester = platform_user(run.requested_by)
+        self.editor = StatusEditor(self._edit_status, bucket=bucket, workspace=self.place.workspace,
+                                   min_interval=min_interval)
+
+    def _owns(self, attempt: int) -> bool:
+        with self.sessions() as session:
+            return holds_attempt(session, self.run_id, attempt)
+
+    async def _edit_status(self, progress: RunProgress) -> None:
+        if self.status_ref is None or not await asyncio.to_thread(self._owns, progress.attempt):
+            return
+        await self.messenger.edit(self.status_ref, self.renderer.status(progress, now=dt.datetime.now(dt.timezone.utc)))
+
+    async def on_state(self, progress: RunProgress) -> None:
+        await self.editor.update(progress)
+
+    async def finish(self, progress: RunProgress) -> None:
+        """The final status edit, then the report (if the run has one), each exactly once."""
+        try:
+            await self.editor.close(progress)
+        except Exception:  # the report matters more than the last status edit
+            logger.warning("final status edit failed for run %s", self.run_id, exc_info=True)
+        await self.deliver_report(progress.attempt)
+
+    def _load_for_delivery(self, attempt: int) -> tuple[Report | None, list[dict[str, Any]]]:
+        with self.sessions.begin() as session:
+            if not holds_attempt(session, self.run_id, attempt):
+                return None, []
+            run = session.get(Run, self.run_id)
+            if run.report_json is None:
+                return None, []
+            run.delivery_intent_at = run.delivery_intent_at or utcnow()
+            return Report.model_validate(run.report_json), list(run.delivered_messages or [])
+
+    def _record(self, attempt: int, delivered: list[dict[str, Any]]) -> bool:
+        with self.sessions.begin() as session:
+            return bool(session.execute(
+                update(Run).where(Run.id == self.run_id, Run.attempt == attempt).values(delivered_messages=delivered)
+            ).rowcount)
+
+    async def deliver_report(self, attempt: int) -> None:
+        """Post the stored report into the thread; a retry edits what an earlier try posted."""
+        report, delivered = await asyncio.to_thread(self._load_for_delivery, attempt)
+        if report is None:
+            return
+        delivery = self.renderer.report(report, requester=self.requester)
+        posted = [entry for entry in delivered if entry.get("kind") != UPLOADED_FILE]
+        for index, content in enumerate(delivery.messages):
+            if index < len(posted):
+                await self.messenger.edit(MessageRef.model_validate(posted[index]["ref"]), content)
+                continue
+            if not await asyncio.to_thread(self._owns, attempt):
+                return
+            ref = await self.messenger.post(self.place, content)
+            delivered.append({"kind": "message", "ref": ref.model_dump(mode="json")})
+            await asyncio.to_thread(self._record, attempt, delivered)
+        if delivery.file is not None and not any(entry.get("kind") == UPLOADED_FILE for entry in delivered):
+            if not await asyncio.to_thread(self._owns, attempt):
+                return
+            ref = await self.messenger.upload(self.place, delivery.file)
+            delivered.append({"kind": UPLOADED_FILE, "ref": ref.model_dump(mode="json") if ref else None})
+            await asyncio.to_thread(self._record, attempt, delivered)

@@ -1,0 +1,150 @@
+"""One worker process's runtime: database, Redis, CPU pool, messengers, the reaper; runs one run per call."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from bot.messenger.base import Messenger, MessageRef
+from bot.render.base import PlatformRenderer
+from bot.render.state import initial_progress
+from config import Settings
+from research.budget import CancelToken
+from research.cpu import cpu_pool
+from research.providers.base import SearchConfig
+from storage.db import make_engine, make_session_factory
+from storage.models import Run
+from storage.redis import connect, resolve_redis_url
+from storage.shared_limits import CancelFlags, EditBucket, RedisCircuitBreaker, RedisRateLimiter, connect_async
+from worker.delivery import RunDelivery
+from worker.leases import reap, worker_identity
+from worker.queue import Limits, Queue, SendTask
+from worker.runner import RunnerServices, execute
+from worker.toolkit import build_research_tools, research_options
+
+logger = logging.getLogger(__name__)
+
+PlatformFactory = Callable[[Settings], tuple[Messenger, PlatformRenderer]]
+
+
+def slack_platform(settings: Settings) -> tuple[Messenger, PlatformRenderer]:
+    from bot.messenger.slack import SlackMessenger, build_slack_client
+    from bot.render.slack import SlackRenderer
+
+    token = settings.secret("slack_bot_token")
+    if not token:
+        raise LookupError("SLACK_BOT_TOKEN is not set")
+    return SlackMessenger(build_slack_client(token, settings.slack_api_url)), SlackRenderer()
+
+
+PLATFORMS: dict[str, PlatformFactory] = {"slack": slack_platform}
+
+
+class WorkerRuntime:
+    """Shared by every run in one worker process (runs execute in threads, each with its own loop)."""
+
+    def __init__(self, settings: Settings, *, send_task: SendTask, cpu_workers: int | None = None) -> None:
+        self.settings = settings
+        self.redis_url = resolve_redis_url(settings.redis_url, settings.data_dir)
+        self.redis = connect(self.redis_url)
+        self.sessions = make_session_factory(make_engine(settings.database_url, pool_size=settings.worker_concurrency + 4)
+                                             if not settings.database_url.startswith("sqlite")
+                                             else make_engine(settings.database_url))
+        self.queue = Queue(self.sessions, self.redis, Limits(settings.max_runs_per_user, settings.max_runs_per_workspace),
+                           send_task)
+        self.send_task = send_task
+        self.cpu_pool = cpu_pool(cpu_workers or min(2, os.cpu_count() or 1))
+        self._stopping = threading.Event()
+        self._reaper: threading.Thread | None = None
+
+    def run(self, run_id: int) -> None:
+        """Execute run `run_id` (if nobody else holds it), deliver it, then admit what waits."""
+        try:
+            asyncio.run(self._run(run_id))
+        finally:
+            try:
+                self.queue.admit()
+                asyncio.run(self.refresh_waiting())
+            except Exception:  # admission is retried by the reaper; never fail the task for it
+                logger.warning("admission after run %s failed", run_id, exc_info=True)
+
+    async def _run(self, run_id: int) -> None:
+        settings = self.settings
+        aredis = connect_async(self.redis_url)
+        search = SearchConfig()
+        tools = build_research_tools(
+            settings, cpu_pool=self.cpu_pool,
+            limiter=RedisRateLimiter(aredis, search.min_interval_seconds),
+            breaker=RedisCircuitBreaker(aredis, failure_threshold=search.breaker_failure_threshold,
+                                        cooldown=search.breaker_cooldown_seconds),
+        )
+        cancel = CancelToken()
+        watcher = asyncio.create_task(cancel.watch(CancelFlags(aredis).reader(run_id), interval=0.25))
+        delivery = self._delivery(run_id, aredis)
+        try:
+            services = RunnerServices(sessions=self.sessions, tools=tools, options=research_options(settings),
+                                      hard_deadline_grace_seconds=settings.worker_deadline_grace_seconds,
+                                      lease_seconds=settings.worker_lease_seconds)
+            final = await execute(run_id, delivery.on_state if delivery else None, services=services, cancel=cancel,
+                                  owner=worker_identity())
+            if final is not None and delivery is not None:
+                if final.state == "cancelled" and final.cancelled_by is None:
+                    final = final.model_copy(update={"cancelled_by": cancel.cancelled_by})
+                await delivery.finish(final)
+        finally:
+            watcher.cancel()
+            await tools.llm.aclose()
+            await tools.search_http.aclose()
+            await aredis.aclose()
+
+    def _delivery(self, run_id: int, aredis: Any) -> RunDelivery | None:
+        with self.sessions() as session:
+            run = session.get(Run, run_id)
+            platform = run.conversation.platform if run is not None else None
+        factory = PLATFORMS.get(platform or "")
+        if factory is None:
+            return None
+        messenger, renderer = factory(self.settings)
+        bucket = EditBucket(aredis, capacity=self.settings.status_edits_per_minute)
+        return RunDelivery(self.sessions, run_id, messenger=messenger, renderer=renderer, bucket=bucket)
+
+    async def refresh_waiting(self) -> None:
+        """Show each waiting run's current place in the queue in its status message."""
+        for run_id, position in self.queue.waiting_runs():
+            with self.sessions() as session:
+                run = session.get(Run, run_id)
+                if run is None or not run.status_message:
+                    continue
+                factory = PLATFORMS.get(run.conversation.platform)
+                progress = initial_progress(run_id=run.id, mode=run.mode, question=run.question,
+                                            requested_by=run.requested_by).model_copy(update={"queue_position": position})
+                ref = MessageRef.model_validate(run.status_message)
+            if factory is None:
+                continue
+            messenger, renderer = factory(self.settings)
+            try:
+                await messenger.edit(ref, renderer.status(progress, now=dt.datetime.now(dt.timezone.utc)))
+            except Exception:  # a stale position is harmless; the next refresh fixes it
+                logger.warning("could not refresh queue position of run %s", run_id, exc_info=True)
+
+    def start_reaper(self) -> None:
+        """Resubmit runs whose lease expired and admit waiting runs, every third of a lease."""
+        def loop() -> None:
+            while not self._stopping.wait(max(1.0, self.settings.worker_lease_seconds / 3)):
+                try:
+                    reap(self.sessions, self.send_task)
+                    self.queue.admit()
+                except Exception:
+                    logger.warning("reaper pass failed", exc_info=True)
+
+        self._reaper = threading.Thread(target=loop, name="deepthread-reaper", daemon=True)
+        self._reaper.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.cpu_pool.shutdown(wait=False, cancel_futures=True)

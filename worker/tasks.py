@@ -1,0 +1,98 @@
+"""The Celery app and its tasks: thin wrappers that hand a run id to the worker runtime.
+
+No result backend (state lives in SQL), late acknowledgement, reject on worker lost, prefetch 1.
+Research is I/O-bound, so one worker process runs WORKER_CONCURRENCY runs in threads, each with
+its own event loop; CPU-heavy steps go to one bounded process pool per worker process.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from celery import Celery, signals
+
+from config import Settings, get_settings
+from storage.redis import celery_broker_url, resolve_redis_url
+
+logger = logging.getLogger(__name__)
+
+QUEUE_NAME = "deepthread"
+
+app = Celery("deepthread", set_as_current=False)
+app.conf.update(
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
+    worker_prefetch_multiplier=1,
+    task_ignore_result=True,
+    result_backend=None,
+    task_serializer="json",
+    accept_content=["json"],
+    task_default_queue=QUEUE_NAME,
+    broker_connection_retry_on_startup=True,
+    worker_hijack_root_logger=False,
+    worker_send_task_events=False,
+    worker_cancel_long_running_tasks_on_connection_loss=False,
+    broker_transport_options={"visibility_timeout": 3600},
+)
+
+
+def configure(settings: Settings) -> Celery:
+    """Point the app at the broker of these settings (the embedded Redis when REDIS_URL is empty)."""
+    app.conf.broker_url = celery_broker_url(resolve_redis_url(settings.redis_url, settings.data_dir))
+    return app
+
+
+_runtime_lock = threading.Lock()
+_runtime = None
+
+
+def runtime():  # type: ignore[no-untyped-def]
+    """The worker process's runtime (database, Redis, CPU pool, messengers), made on first use."""
+    global _runtime
+    with _runtime_lock:
+        if _runtime is None:
+            from worker.service import WorkerRuntime
+
+            _runtime = WorkerRuntime(get_settings(), send_task=send_task)
+        return _runtime
+
+
+def send_task(name: str, run_id: int, task_id: str) -> None:
+    """Hand a run to the workers by task name."""
+    app.send_task(name, args=[run_id], task_id=task_id, queue=QUEUE_NAME)
+
+
+@app.task(name="deepthread.research", ignore_result=True)
+def research_task(run_id: int) -> None:
+    runtime().run(run_id)
+
+
+@app.task(name="deepthread.plan", ignore_result=True)
+def plan_task(run_id: int) -> None:
+    runtime().run(run_id)
+
+
+@app.task(name="deepthread.chat", ignore_result=True)
+def chat_task(run_id: int) -> None:
+    runtime().run(run_id)
+
+
+@signals.worker_ready.connect
+def _start_reaper(**_: object) -> None:
+    runtime().start_reaper()
+
+
+@signals.worker_shutting_down.connect
+def _stop_reaper(**_: object) -> None:
+    if _runtime is not None:
+        _runtime.stop()
+
+
+def worker_argv(settings: Settings, *, hostname: str | None = None) -> list[str]:
+    """The arguments `deepthread worker` starts Celery with."""
+    argv = ["worker", "--pool=threads", f"--concurrency={settings.worker_concurrency}", f"--queues={QUEUE_NAME}",
+            f"--loglevel={settings.log_level}", "--without-gossip", "--without-mingle", "--without-heartbeat"]
+    if hostname:
+        argv.append(f"--hostname={hostname}")
+    return argv
