@@ -109,6 +109,7 @@ class Run(Base):
         Index("ix_runs_state_created", "state", "created_at"),
         Index("ix_runs_requester_state", "requested_by", "state"),
         Index("ix_runs_workspace_state", "workspace", "state"),
+        Index("ix_runs_status_message_id", "status_message_id"),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -122,6 +123,7 @@ class Run(Base):
     requested_by: Mapped[str] = mapped_column(String(64))
     cancelled_by: Mapped[str | None] = mapped_column(String(64))
     status_message: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    status_message_id: Mapped[str | None] = mapped_column(String(64))
     delivered_messages: Mapped[list[Any] | None] = mapped_column(JSON)
     delivery_intent_at: Mapped[dt.datetime | None]
     celery_task_id: Mapped[str | None] = mapped_column(String(64))

@@ -135,6 +135,22 @@ class Queue:
             return run.state if run is not None else None
 
 
+def celery_sender(settings: Any) -> SendTask:
+    """A `send_task` that hands runs to the workers by task name over the configured broker."""
+    from celery import Celery
+
+    from storage.redis import celery_broker_url, resolve_redis_url
+
+    sender = Celery("deepthread-sender", set_as_current=False)
+    sender.conf.broker_url = celery_broker_url(resolve_redis_url(settings.redis_url, settings.data_dir))
+    sender.conf.broker_connection_retry_on_startup = True
+
+    def send(name: str, run_id: int, task_id: str) -> None:
+        sender.send_task(name, args=[run_id], task_id=task_id, queue="deepthread")
+
+    return send
+
+
 def cancel_flag(redis_client: redis.Redis, run_id: int) -> str | None:
     """Who asked to stop `run_id`, if anyone did."""
     value = redis_client.get(CANCEL_FLAG.format(run_id=run_id))

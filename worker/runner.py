@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 OnState = Callable[[RunProgress], Awaitable[None]]
 TERMINAL_STATE_OF_EVENT = {"complete": "done", "aborted": "cancelled", "error": "failed"}
 HISTORY_MESSAGES = 20
+MAX_HISTORY_REPLY_CHARS = 6_000
 
 
 @dataclass
@@ -255,7 +256,8 @@ async def execute(run_id: int, on_state: OnState | None, *, services: RunnerServ
         error = getattr(terminal, "message", None) if final_state == "failed" else None
         if final_state == "cancelled":
             recorder.progress = recorder.progress.model_copy(update={"cancelled_by": cancel.cancelled_by})
-    reply_text = report.body_markdown if report is not None and run.mode in ("plan", "chat", "followup") else None
+    # What the bot said joins the thread's history, so follow-ups and revisions have it as context.
+    reply_text = report.body_markdown[:MAX_HISTORY_REPLY_CHARS] if report is not None else None
     if not _finish(services.sessions, run.id, run.attempt, final_state, state, report, error, reply_text,
                    cancel.cancelled_by):
         return None

@@ -1,0 +1,342 @@
+"""The conversation core: turns a normalised ChatEvent into stored runs, status messages and replies.
+
+It never calls an LLM, a provider or a web page: it writes the database, submits runs through
+`worker.queue`, and posts the root and status messages, so an adapter can acknowledge in time.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from bot.conversation import commands
+from bot.conversation.commands import Mode, Request, UsageProblem
+from bot.conversation.events import ChatEvent, Outcome, Reply
+from bot.messenger.base import Content, FileUpload, MessageRef, Messenger, Place
+from bot.render.base import PlatformRenderer
+from bot.render.state import initial_progress
+from research.report import Report, render_markdown
+from storage.models import TERMINAL_STATES, Conversation, Message, Run
+from worker.queue import Queue
+
+logger = logging.getLogger(__name__)
+
+IN_FLIGHT = ("queued", "running")
+APPROVAL_EMOJI = frozenset({"white_check_mark", "heavy_check_mark", "+1", "✅", "👍"})
+COMMAND_MODES: dict[str, Mode] = {"research": "research", "plan": "plan", "ask": "chat"}
+
+
+@dataclass(frozen=True)
+class CoreSettings:
+    """The settings the core reads: who may cancel any run, and which reactions cancel."""
+
+    admins: frozenset[str] = frozenset()
+    cancel_emoji: frozenset[str] = frozenset({"x", "octagonal_sign", "❌", "🛑"})
+    cancel_hint: str = "x"
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> "CoreSettings":
+        emoji = frozenset(settings.cancel_emoji)
+        return cls(admins=frozenset(settings.admin_user_ids), cancel_emoji=emoji,
+                   cancel_hint=next(iter(settings.cancel_emoji), "x"))
+
+
+def busy_reply(run: Run) -> Reply:
+    return Reply(private=True, text=("A run is already in progress in this thread. Wait for it to finish, or stop it "
+                                     "by replying *cancel* or reacting ❌ on its status message."))
+
+
+def not_allowed_reply(run: Run) -> Reply:
+    who = run.requested_by.split(":", 1)[-1]
+    return Reply(private=True, text=f"Only the person who started this run (<@{who}>) or an admin can stop it.")
+
+
+@dataclass
+class ThreadView:
+    """A conversation and its runs, newest last, as the rules need them."""
+
+    conversation: Conversation
+    runs: list[Run] = field(default_factory=list)
+
+    @property
+    def active(self) -> Run | None:
+        return next((run for run in reversed(self.runs) if run.state in IN_FLIGHT), None)
+
+    @property
+    def last(self) -> Run | None:
+        return self.runs[-1] if self.runs else None
+
+    @property
+    def last_report(self) -> Run | None:
+        return next((run for run in reversed(self.runs) if run.mode == "research" and run.report_json is not None), None)
+
+
+class ConversationCore:
+    """Decides what each event means and carries it out through the database, the queue and the messenger."""
+
+    def __init__(self, *, sessions: sessionmaker[Session], queue: Queue, messenger: Messenger,
+                 renderer: PlatformRenderer, settings: CoreSettings) -> None:
+        self.sessions = sessions
+        self.queue = queue
+        self.messenger = messenger
+        self.renderer = renderer
+        self.settings = settings
+
+    async def handle(self, event: ChatEvent) -> Outcome:
+        """What `event` means, done; replies for the adapter to deliver are in the outcome."""
+        if event.kind == "command":
+            return await self._command(event)
+        if event.kind == "reaction":
+            return await self._reaction(event)
+        if event.kind == "action":
+            return await self._action(event)
+        text = event.text.strip()
+        if event.thread is not None:
+            view = self._thread(event.platform, event.workspace, event.channel, event.thread)
+            if view is not None:
+                return await self._thread_reply(event, view, text)
+            if event.kind == "message":
+                return Outcome()  # a reply in someone else's thread, not addressed to us
+        if commands.is_help(text):
+            return Outcome(replies=[Reply(text=commands.HELP, private=True)])
+        return await self._new_request(event, text, default_mode="chat")
+
+    # -- requests ----------------------------------------------------------------------------------
+
+    async def _command(self, event: ChatEvent) -> Outcome:
+        if commands.is_help(event.text):
+            return Outcome(replies=[Reply(text=commands.HELP, private=True)])
+        return await self._new_request(event, event.text, default_mode=COMMAND_MODES[event.command or "research"])
+
+    async def _new_request(self, event: ChatEvent, text: str, *, default_mode: Mode) -> Outcome:
+        try:
+            request = commands.parse_request(text, default_mode)
+        except UsageProblem as problem:
+            return Outcome(replies=[Reply(text=str(problem), private=True)])
+        if event.kind == "command":
+            root = await self.messenger.post(
+                Place(platform=event.platform, workspace=event.workspace, channel=event.channel),
+                self.renderer.notice(f"{self._label(request.mode)}: {request.question}"),
+            )
+            thread = root.message_id
+        else:
+            thread = event.thread or event.message_id or ""
+        view = self._thread(event.platform, event.workspace, event.channel, thread)
+        if view is not None and view.active is not None:
+            return Outcome(replies=[busy_reply(view.active)], thread=thread)
+        history = [(item.user, item.text, item.is_bot) for item in event.thread_history] if view is None else []
+        return await self._start(event, thread, request, history=history)
+
+    def _label(self, mode: Mode) -> str:
+        return {"research": "Research", "plan": "Research plan", "chat": "Question"}[mode]
+
+    async def _start(self, event: ChatEvent, thread: str, request: Request, *, plan: dict[str, Any] | None = None,
+                     history: list[tuple[str, str, bool]] | None = None, extra_options: dict[str, Any] | None = None,
+                     mode: str | None = None) -> Outcome:
+        """Store the run, post its status message in the thread, then submit it."""
+        run_mode = mode or request.mode
+        with self.sessions.begin() as session:
+            conversation = self._conversation(session, event, thread)
+            for user, text, is_bot in history or []:
+                session.add(Message(conversation=conversation, role="assistant" if is_bot else "user", author=user, text=text))
+            session.add(Message(conversation=conversation, role="user", author=event.user, text=request.question,
+                                platform_message_id=event.message_id, mode=run_mode))
+            run = Run(conversation=conversation, workspace=event.workspace, mode=run_mode, question=request.question,
+                      options={**request.options, **(extra_options or {})}, plan=plan, requested_by=event.user)
+            session.add(run)
+            session.flush()
+            run_id = run.id
+        place = Place(platform=event.platform, workspace=event.workspace, channel=event.channel, thread=thread)
+        progress = initial_progress(run_id=run_id, mode=run_mode, question=request.question, requested_by=event.user)
+        status = await self.messenger.post(place, self.renderer.status(progress, now=_now()))
+        with self.sessions.begin() as session:
+            stored = session.get(Run, run_id)
+            stored.status_message = status.model_dump(mode="json")
+            stored.status_message_id = status.message_id
+        position = self.queue.submit(run_id)
+        if position is not None:
+            waiting = progress.model_copy(update={"queue_position": position})
+            await self.messenger.edit(status, self.renderer.status(waiting, now=_now()))
+        return Outcome(run_id=run_id, thread=thread)
+
+    def _conversation(self, session: Session, event: ChatEvent, thread: str) -> Conversation:
+        found = session.scalar(select(Conversation).where(
+            Conversation.platform == event.platform, Conversation.workspace == event.workspace,
+            Conversation.channel == event.channel, Conversation.thread == thread))
+        if found is not None:
+            return found
+        conversation = Conversation(platform=event.platform, workspace=event.workspace, channel=event.channel,
+                                    thread=thread, created_by=event.user)
+        session.add(conversation)
+        return conversation
+
+    def _thread(self, platform: str, workspace: str, channel: str, thread: str) -> ThreadView | None:
+        with self.sessions() as session:
+            conversation = session.scalar(select(Conversation).where(
+                Conversation.platform == platform, Conversation.workspace == workspace,
+                Conversation.channel == channel, Conversation.thread == thread))
+            if conversation is None:
+                return None
+            runs = list(session.scalars(select(Run).where(Run.conversation_id == conversation.id).order_by(Run.id)))
+            session.expunge_all()
+            return ThreadView(conversation=conversation, runs=runs)
+
+    # -- replies in a thread we own ----------------------------------------------------------------
+
+    async def _thread_reply(self, event: ChatEvent, view: ThreadView, text: str) -> Outcome:
+        thread = view.conversation.thread
+        if commands.is_cancel(text):
+            if view.active is None:
+                return Outcome(replies=[Reply(text="Nothing is running in this thread.", private=True)])
+            return await self._cancel(event, view.active)
+        if commands.is_help(text):
+            return Outcome(replies=[Reply(text=commands.HELP, private=True)])
+        if view.active is not None:
+            return Outcome(replies=[busy_reply(view.active)])
+        last, report_run = view.last, view.last_report
+        prefixed, rest = commands.mode_prefix(text)
+        deeper = commands.dig_deeper(text)
+        try:
+            if prefixed is not None:
+                return await self._start(event, thread, commands.parse_request(text, "chat"))
+            if last is not None and last.mode == "plan" and last.state == "done" and commands.is_approval(text):
+                return await self._run_plan(event, last)
+            if last is not None and last.mode == "plan" and last.state == "done":
+                revision = Request(mode="plan", question=f"{last.question}\n\nChanges requested: {text}")
+                return await self._start(event, thread, revision)
+            if last is not None and commands.is_retry(text) and last.state in TERMINAL_STATES:
+                return await self._retry(event, last)
+            if last is not None and (commands.is_continue(text) or deeper is not None) and last.mode == "research":
+                question = deeper or last.question
+                return await self._start(event, thread, commands.parse_request(question, "research"))
+            if report_run is not None and deeper is None:
+                request = commands.parse_request(text, "chat")
+                return await self._start(event, thread, request, mode="followup",
+                                         extra_options={"answer_from_run": report_run.id})
+            return await self._start(event, thread, commands.parse_request(text, "chat"))
+        except UsageProblem as problem:
+            return Outcome(replies=[Reply(text=str(problem), private=True)])
+
+    async def _run_plan(self, event: ChatEvent, plan_run: Run) -> Outcome:
+        plan = (plan_run.report_json or {}).get("plan")
+        if not plan:
+            return Outcome(replies=[Reply(text="That plan has no steps to run; ask for a new plan.", private=True)])
+        original = plan_run.question.split("\n\nChanges requested:", 1)[0]
+        return await self._start(event, self._thread_id(plan_run), Request(mode="research", question=original),
+                                 plan=plan)
+
+    async def _retry(self, event: ChatEvent, run: Run) -> Outcome:
+        request = Request(mode="chat" if run.mode == "followup" else run.mode, question=run.question,
+                          options={k: v for k, v in (run.options or {}).items() if k != "answer_from_run"})
+        extra = {"answer_from_run": run.options["answer_from_run"]} if run.mode == "followup" else None
+        return await self._start(event, self._thread_id(run), request, plan=run.plan, mode=run.mode,
+                                 extra_options=extra)
+
+    # -- cancels, reactions and buttons -----------------------------------------------------------
+
+    def _may_cancel(self, user: str, run: Run) -> bool:
+        return user == run.requested_by or user in self.settings.admins
+
+    async def _cancel(self, event: ChatEvent, run: Run) -> Outcome:
+        if not self._may_cancel(event.user, run):
+            return Outcome(replies=[not_allowed_reply(run)])
+        self.queue.cancel(run.id, event.user)
+        return Outcome(cancelled_run_id=run.id)
+
+    def _run_by_status_message(self, event: ChatEvent) -> Run | None:
+        if not event.message_id:
+            return None
+        with self.sessions() as session:
+            run = session.scalar(select(Run).join(Conversation).where(
+                Run.status_message_id == event.message_id, Conversation.platform == event.platform,
+                Conversation.channel == event.channel))
+            if run is not None:
+                session.expunge(run)
+            return run
+
+    async def _reaction(self, event: ChatEvent) -> Outcome:
+        run = self._run_by_status_message(event)
+        if run is None or event.reaction is None:
+            return Outcome()
+        if event.reaction in self.settings.cancel_emoji:
+            if run.state not in IN_FLIGHT:
+                return Outcome()
+            return await self._cancel(event, run)
+        if event.reaction in APPROVAL_EMOJI and run.mode == "plan" and run.state == "done":
+            if event.user != run.requested_by and event.user not in self.settings.admins:
+                return Outcome(replies=[Reply(private=True, text="Only the person who asked for this plan can approve it.")])
+            view = self._thread_of(run)
+            if view is not None and view.active is not None:
+                return Outcome(replies=[busy_reply(view.active)])
+            return await self._run_plan(event, run)
+        return Outcome()
+
+    def _thread_id(self, run: Run) -> str:
+        """The thread a run lives in."""
+        with self.sessions() as session:
+            return session.get(Conversation, run.conversation_id).thread
+
+    def _thread_of(self, run: Run) -> ThreadView | None:
+        with self.sessions() as session:
+            conversation = session.get(Conversation, run.conversation_id)
+            place = (conversation.platform, conversation.workspace, conversation.channel, conversation.thread)
+        return self._thread(*place)
+
+    async def _action(self, event: ChatEvent) -> Outcome:
+        with self.sessions() as session:
+            run = session.get(Run, event.action_run_id) if event.action_run_id else None
+            if run is not None:
+                session.expunge(run)
+        if run is None:
+            return Outcome(replies=[Reply(text="That run no longer exists.", private=True)])
+        if event.action == "export":
+            return await self._export(event, run)
+        if event.action == "cancel":
+            return await self._cancel(event, run) if run.state in IN_FLIGHT else Outcome()
+        view = self._thread_of(run)
+        if view is not None and view.active is not None:
+            return Outcome(replies=[busy_reply(view.active)])
+        if event.action == "approve" and run.mode == "plan":
+            return await self._run_plan(event, run)
+        if event.action == "retry":
+            return await self._retry(event, run)
+        if event.action == "continue":
+            return await self._start(event, self._thread_id(run), Request(mode="research", question=run.question))
+        return Outcome()
+
+    async def _export(self, event: ChatEvent, run: Run) -> Outcome:
+        if run.report_json is None:
+            return Outcome(replies=[Reply(text="That run has no report to export.", private=True)])
+        report = Report.model_validate(run.report_json)
+        place = Place(platform=event.platform, workspace=event.workspace, channel=event.channel,
+                      thread=self._thread_id(run))
+        await self.messenger.upload(place, FileUpload(filename=f"deepthread-report-{run.id}.md",
+                                                      data=render_markdown(report).encode("utf-8"),
+                                                      title=report.title[:200]))
+        return Outcome()
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def build_core(settings: Any, messenger: Messenger, renderer: PlatformRenderer, *, sessions: sessionmaker[Session] | None = None,
+               queue: Queue | None = None) -> ConversationCore:
+    """The core wired to the configured database and queue (the composition root passes the platform parts)."""
+    from storage.db import make_engine, make_session_factory
+    from storage.redis import connect, resolve_redis_url
+    from worker.queue import Limits, celery_sender
+
+    if sessions is None:
+        sessions = make_session_factory(make_engine(settings.database_url))
+    if queue is None:
+        redis_client = connect(resolve_redis_url(settings.redis_url, settings.data_dir))
+        queue = Queue(sessions, redis_client, Limits(settings.max_runs_per_user, settings.max_runs_per_workspace),
+                      celery_sender(settings))
+    return ConversationCore(sessions=sessions, queue=queue, messenger=messenger, renderer=renderer,
+                            settings=CoreSettings.from_settings(settings))

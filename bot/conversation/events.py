@@ -1,0 +1,57 @@
+"""What adapters hand the conversation core, and what it hands back for them to say."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+EventKind = Literal["command", "mention", "message", "direct", "reaction", "action"]
+
+
+class HistoryMessage(BaseModel):
+    """A message of a thread the bot does not own, given as context."""
+
+    user: str
+    text: str
+    is_bot: bool = False
+
+
+class ChatEvent(BaseModel):
+    """One thing a person did, normalised by a platform adapter.
+
+    `user` is platform-qualified (`slack:U123`), like ADMIN_USER_IDS. `thread` is the thread the
+    event happened in (None: top level of the channel); `message_id` is the event's own message
+    (or, for a reaction, the message reacted to).
+    """
+
+    platform: str
+    workspace: str
+    channel: str
+    user: str
+    kind: EventKind
+    text: str = ""
+    thread: str | None = None
+    message_id: str | None = None
+    command: Literal["research", "plan", "ask"] | None = None
+    reaction: str | None = None
+    action: Literal["retry", "continue", "export", "cancel", "approve"] | None = None
+    action_run_id: int | None = None
+    event_id: str | None = None
+    thread_history: list[HistoryMessage] = Field(default_factory=list)
+
+
+class Reply(BaseModel):
+    """Something the adapter must say now: privately to `user` (where the platform allows) or in the thread."""
+
+    text: str
+    private: bool = False
+
+
+class Outcome(BaseModel):
+    """What the core did with an event: replies to send, and the run it started or stopped, if any."""
+
+    replies: list[Reply] = Field(default_factory=list)
+    run_id: int | None = None
+    cancelled_run_id: int | None = None
+    thread: str | None = None

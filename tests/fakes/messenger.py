@@ -1,0 +1,31 @@
+"""An in-memory messenger that records what would have been posted, for tests of the core."""
+
+from __future__ import annotations
+
+import itertools
+
+from bot.messenger.base import Content, FileUpload, MessageRef, Place
+
+
+class RecordingMessenger:
+    """Posts, edits and uploads kept in lists; message ids are `m1`, `m2`, …"""
+
+    def __init__(self, platform: str = "slack") -> None:
+        self.platform = platform
+        self.posts: list[tuple[Place, Content, MessageRef]] = []
+        self.edits: list[tuple[MessageRef, Content]] = []
+        self.uploads: list[tuple[Place, FileUpload]] = []
+        self._ids = itertools.count(1)
+
+    async def post(self, place: Place, content: Content) -> MessageRef:
+        ref = MessageRef(platform=place.platform, workspace=place.workspace, channel=place.channel,
+                         message_id=f"m{next(self._ids)}", thread=place.thread)
+        self.posts.append((place, content, ref))
+        return ref
+
+    async def edit(self, ref: MessageRef, content: Content) -> None:
+        self.edits.append((ref, content))
+
+    async def upload(self, place: Place, upload: FileUpload) -> MessageRef | None:
+        self.uploads.append((place, upload))
+        return None
