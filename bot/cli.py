@@ -194,6 +194,71 @@ def export(
         typer.echo(text)
 
 
+def _require_llm(settings: Settings) -> None:
+    """Stop with one clear line when the LLM is not configured, before anything starts."""
+    if not settings.llm_model:
+        typer.echo("LLM_MODEL is not set: put the model name (and LLM_API_KEY, LLM_BASE_URL if needed) in .env "
+                   "— see .env.example.", err=True)
+        raise typer.Exit(code=2)
+
+
+@app.command()
+def chat() -> None:
+    """Talk to deepthread in this terminal: questions, /plan, /research, follow-ups, go; runs on the workers."""
+    import asyncio
+
+    from rich.console import Console
+
+    from bot.console.chat import TerminalChat
+    from bot.conversation.core import build_core
+    from bot.messenger.console import ConsoleMessenger
+    from bot.render.console import ConsoleRenderer
+
+    settings = settings_or_exit()
+    _require_llm(settings)
+    sessions = _database(settings)
+    console = Console()
+    messenger = ConsoleMessenger(console)
+    core = build_core(settings, messenger, ConsoleRenderer(), sessions=sessions)
+    asyncio.run(TerminalChat(core, sessions, messenger, console).run())
+
+
+@app.command()
+def up() -> None:
+    """Run deepthread: migrate, start a worker and every adapter whose tokens are set (or the terminal chat)."""
+    import subprocess
+    import sys
+
+    settings = settings_or_exit()
+    _require_llm(settings)
+    _database(settings)
+    command = [sys.executable, "-m", "bot.cli"]
+    children: list[subprocess.Popen[bytes]] = [subprocess.Popen([*command, "worker"])]
+    if settings.secret("slack_bot_token"):
+        children.append(subprocess.Popen([*command, "slack"]))
+    try:
+        if len(children) == 1 and sys.stdin.isatty():
+            chat()
+        elif len(children) == 1:
+            typer.echo("No platform is configured (SLACK_BOT_TOKEN) and no terminal is attached: running the "
+                       "worker only. Use `deepthread research \"question\"` or `deepthread chat`.", err=True)
+            children[0].wait()
+        else:
+            for child in children:
+                child.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.terminate()
+        for child in children:
+            try:
+                child.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                child.kill()
+
+
 @app.command("worker")
 def worker_command(
     concurrency: int | None = typer.Option(None, "--concurrency", help="Runs in flight (default WORKER_CONCURRENCY)."),
@@ -208,6 +273,27 @@ def worker_command(
     _database(settings)
     celery = configure(settings)
     celery.worker_main(worker_argv(settings, hostname=hostname))
+
+
+@app.command("slack")
+def slack_command(
+    port: int = typer.Option(3000, "--port", help="Port for POST /slack/events (HTTP mode) and GET /healthz."),
+    host: str = typer.Option("0.0.0.0", "--host", help="Address to listen on."),
+) -> None:
+    """Run the Slack bot: Socket Mode when SLACK_APP_TOKEN is set, otherwise HTTP mode at /slack/events."""
+    import logging
+
+    from bot.slack.server import require_slack_settings, run
+
+    settings = settings_or_exit()
+    try:
+        require_slack_settings(settings)
+    except ValueError as error:
+        typer.echo(str(error), err=True)
+        raise typer.Exit(code=2) from None
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _database(settings)
+    run(settings, host=host, port=port)
 
 
 def main() -> None:

@@ -15,6 +15,8 @@ from pydantic import BaseModel, Field
 STOPPED_BY_USER_LINE = "[Research stopped by user]"
 SNIPPET_LABEL = "search snippet"
 SEPARATOR = " · "
+# A plan or a chat answer cites nothing, so it has no audit line.
+UNAUDITED_MODES = frozenset({"plan", "chat"})
 
 
 def _now() -> dt.datetime:
@@ -135,6 +137,8 @@ def _plural(count: int, singular: str, plural: str | None = None) -> str:
 
 def audit_line(report: Report) -> str:
     """The footer's audit line, e.g. "18 of 20 sentences verified · 1 citation removed · brave skipped: rate limited"."""
+    if report.mode in UNAUDITED_MODES:
+        return ""
     audit = report.audit
     parts = [f"{audit.sentences_verified:,} of {_plural(audit.sentences_total, 'sentence')} verified"]
     if audit.citations_removed:
@@ -432,7 +436,8 @@ def _html_source_item(source: ReportSource) -> str:
 
 def _html_footer(report: Report) -> str:
     lines = [f'<p class="partial">{_escape(notice)}</p>' for notice in [partial_notice(report)] if notice]
-    lines.append(f'<p class="audit">{_escape(audit_line(report))}</p>')
+    if audit_line(report):
+        lines.append(f'<p class="audit">{_escape(audit_line(report))}</p>')
     lines.append(f'<p class="usage">{_escape(usage_line(report))}</p>')
     if report.stopped_by_user:
         lines.append(f'<p class="stopped"><strong>{_escape(STOPPED_BY_USER_LINE)}</strong></p>')

@@ -91,6 +91,8 @@ class ConsoleMessenger:
         if self._live is not None:
             self._live.stop()
             self._live = None
+        # What was live stays on screen as last drawn; later messages get a live region of their own.
+        self._live_ids.clear()
 
     async def __aenter__(self) -> "ConsoleMessenger":
         return self

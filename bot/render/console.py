@@ -10,7 +10,10 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from bot.messenger.base import Content
+from bot.render.base import ReportDelivery
 from bot.render.state import RunProgress
+from research.report import Report, render_markdown
 
 MARKS = {"done": "[green]✔[/]", "current": "[yellow]▶[/]", "waiting": "[dim]·[/]", "failed": "[red]✘[/]"}
 COUNT_LABELS = (("sub_questions", "sub-questions"), ("results", "results"), ("pages_read", "pages read"),
@@ -29,6 +32,8 @@ def render_progress(progress: RunProgress, now: dt.datetime | None = None) -> Re
     counts = " · ".join(f"{progress.counts[key]} {label}" for key, label in COUNT_LABELS if progress.counts.get(key))
     elapsed = f"{progress.elapsed_seconds(now):.0f} s"
     footer = ENDINGS.get(progress.state, "[dim]Ctrl-C stops the run and keeps what was found[/]")
+    if progress.state == "queued" and progress.queue_position:
+        footer = f"[dim]Waiting: position {progress.queue_position} in the queue. Ctrl-C cancels.[/]"
     if progress.state == "failed" and progress.error:
         footer += f": {escape(progress.error)}"
     if progress.state == "cancelled" and progress.cancelled_by:
@@ -42,3 +47,19 @@ def render_progress(progress: RunProgress, now: dt.datetime | None = None) -> Re
         Text.from_markup(f"{escape(counts)}  [dim]{elapsed}[/]" if counts else f"[dim]{elapsed}[/]"),
         Text.from_markup(footer),
     )
+
+
+class ConsoleRenderer:
+    """Renders for the terminal: a live status panel, reports as Markdown."""
+
+    platform = "cli"
+
+    def status(self, progress: RunProgress, *, now: dt.datetime) -> Content:
+        return Content(text=f"{progress.state}: {progress.question}",
+                       extra={"live": progress.state in ("queued", "running"), "rich": render_progress(progress, now)})
+
+    def report(self, report: Report, *, requester: str) -> ReportDelivery:
+        return ReportDelivery(messages=[Content(text=render_markdown(report), extra={"format": "markdown"})])
+
+    def notice(self, text: str) -> Content:
+        return Content(text=text)
