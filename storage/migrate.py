@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from alembic import command
@@ -22,10 +26,26 @@ def alembic_config(url: str, engine: Engine | None = None) -> Config:
     return config
 
 
+@contextmanager
+def _sqlite_file_lock(engine: Engine) -> Iterator[None]:
+    """Processes starting together on one SQLite file migrate one at a time."""
+    database = engine.url.database
+    if engine.url.get_backend_name() != "sqlite" or not database or database == ":memory:":
+        yield
+        return
+    with open(os.path.abspath(database) + ".migrate.lock", "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def upgrade(url: str, revision: str = "head", *, engine: Engine | None = None) -> None:
     """Upgrade the database at `url` to `revision`."""
     engine = engine or make_engine(url)
-    command.upgrade(alembic_config(url, engine), revision)
+    with _sqlite_file_lock(engine):
+        command.upgrade(alembic_config(url, engine), revision)
 
 
 def downgrade(url: str, revision: str = "base", *, engine: Engine | None = None) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from alembic import context
+from sqlalchemy import text
 
 from storage.db import make_engine
 from storage.models import Base
@@ -14,6 +15,9 @@ target_metadata = Base.metadata
 def run_migrations() -> None:
     engine = config.attributes.get("engine") or make_engine(config.get_main_option("sqlalchemy.url"))
     with engine.begin() as connection:
+        if connection.dialect.name == "postgresql":
+            # Processes starting together (a worker, the bot) migrate one at a time.
+            connection.execute(text("SELECT pg_advisory_xact_lock(7247318)"))
         context.configure(
             connection=connection,
             target_metadata=target_metadata,
