@@ -291,8 +291,8 @@ def slack_command(
     except ValueError as error:
         typer.echo(str(error), err=True)
         raise typer.Exit(code=2) from None
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _database(settings)
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run(settings, host=host, port=port)
 
 

@@ -344,6 +344,51 @@ def markdown_block(text: str) -> dict[str, Any]:
     return {"type": "markdown", "text": text}
 
 
+RETRY_ACTION_ID = "deepthread_retry"
+CONTINUE_ACTION_ID = "deepthread_continue"
+EXPORT_ACTION_ID = "deepthread_export"
+UNFINISHED_STATES = frozenset({"failed", "timed_out", "cancelled"})
+
+
+def button(action_id: str, label: str, value: str) -> dict[str, Any]:
+    """A Block Kit button whose click reaches the adapter as `action_id` with `value`."""
+    return {"type": "button", "action_id": action_id, "text": {"type": "plain_text", "text": label}, "value": value}
+
+
+def actions_block(buttons: list[dict[str, Any]]) -> dict[str, Any]:
+    """An `actions` block holding `buttons`."""
+    return {"type": "actions", "elements": buttons}
+
+
+def run_buttons(progress: RunProgress) -> dict[str, Any] | None:
+    """Retry (and, for research, Continue) under a run that ended without finishing; None for any other run."""
+    unfinished = progress.state in UNFINISHED_STATES or (progress.state == "done" and progress.partial)
+    if not unfinished:
+        return None
+    value = str(progress.run_id)
+    buttons = [button(RETRY_ACTION_ID, "Retry", value)]
+    if progress.mode == "research":
+        buttons.append(button(CONTINUE_ACTION_ID, "Continue", value))
+    return actions_block(buttons)
+
+
+def export_buttons(run_id: int) -> dict[str, Any]:
+    """The "Export Markdown" button under a delivered report."""
+    return actions_block([button(EXPORT_ACTION_ID, "Export Markdown", str(run_id))])
+
+
+def with_export_button(delivery: ReportDelivery, run_id: int) -> ReportDelivery:
+    """`delivery` with the export button under its last message (in a message of its own when that one is full)."""
+    messages = list(delivery.messages)
+    last = messages[-1]
+    if last.blocks is not None and len(last.blocks) < BLOCKS_PER_MESSAGE:
+        messages[-1] = last.model_copy(update={"blocks": [*last.blocks, export_buttons(run_id)]})
+    else:
+        text = "Export this report as Markdown:"
+        messages.append(Content(text=text, blocks=[section_block(text), export_buttons(run_id)]))
+    return delivery.model_copy(update={"messages": messages})
+
+
 def _content_from_sections(sections: list[str]) -> Content:
     return Content(text="\n\n".join(sections), blocks=[section_block(section) for section in sections])
 
@@ -528,11 +573,19 @@ class SlackRenderer:
         if measures:
             blocks.append(context_block(measures))
         blocks.append(section_block(ending) if progress.state not in ("running", "queued") else context_block(ending))
+        buttons = run_buttons(progress)
+        if buttons is not None:
+            blocks.append(buttons)
         text = "\n\n".join(part for part in (headline, checklist if progress.state != "queued" else "", measures, ending) if part)
         return Content(text=text, blocks=blocks)
 
-    def report(self, report: Report, *, requester: str) -> ReportDelivery:
-        """The report's messages, the first mentioning the requester; as a summary plus `report.md` when too long."""
+    def report(self, report: Report, *, requester: str, run_id: int | None = None) -> ReportDelivery:
+        """The report's messages, the first mentioning the requester, the last with an export button when `run_id`
+        is given; as a summary plus `report.md` when too long."""
+        delivery = self._report_messages(report, requester)
+        return with_export_button(delivery, run_id) if run_id is not None and delivery.messages else delivery
+
+    def _report_messages(self, report: Report, requester: str) -> ReportDelivery:
         greeting = self._greeting(report, requester)
         if self.use_markdown_blocks:
             markdown = report_slack_markdown(report)

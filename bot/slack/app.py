@@ -1,0 +1,428 @@
+"""The Slack adapter: slack-bolt listeners that acknowledge at once, turn Slack payloads into ChatEvents for the
+conversation core, and deliver the replies the core hands back.
+
+Acknowledging: slash commands and buttons call `ack()` before anything else, and bolt acknowledges events itself
+before the listener runs; with `process_before_response=False` bolt answers Slack's HTTP request as soon as the ack is
+made and runs the rest of the listener as a background task, so nothing the core does can delay the answer.
+
+Every listener is thin: build the event, check that the bot can post in the channel (joining public channels, asking
+to be invited into private ones), `await core.handle(event)`, then say the replies: private ones through the
+command's `response_url` (`respond`) or `chat.postEphemeral`, public ones in the event's thread. Reply texts are
+escaped, so nothing the core quotes can ping anyone.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel
+from slack_bolt.async_app import AsyncAck, AsyncApp, AsyncBoltContext, AsyncRespond
+from slack_bolt.response import BoltResponse
+from slack_sdk.errors import SlackApiError, SlackClientError
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot.conversation.events import ChatEvent, HistoryMessage, Outcome, Reply
+from bot.messenger.slack import build_slack_client
+from bot.render.slack import escape_text
+from bot.slack.dedupe import EventDeduper
+from config import Settings
+
+logger = logging.getLogger(__name__)
+
+PLATFORM = "slack"
+COMMANDS: dict[str, Literal["research", "plan", "ask"]] = {"/research": "research", "/plan": "plan", "/ask": "ask"}
+ACTION_IDS: dict[str, Literal["retry", "continue", "export"]] = {
+    "deepthread_retry": "retry", "deepthread_continue": "continue", "deepthread_export": "export",
+}
+# Message subtypes that are still a person writing (a reply also sent to the channel, a message with a file).
+PERSON_MESSAGE_SUBTYPES = frozenset({None, "thread_broadcast", "file_share"})
+CHANNEL_TYPES_WITH_THREADS = frozenset({"channel", "group", "mpim"})
+HISTORY_FETCH_LIMIT = 200
+HISTORY_KEEP = 50
+MEMBERSHIP_CACHE_SECONDS = 300.0
+SOMETHING_WENT_WRONG = "Sorry, something went wrong while handling that. Please try again in a moment."
+
+
+class ConversationHandler(Protocol):
+    """The conversation core as the adapter sees it."""
+
+    async def handle(self, event: ChatEvent) -> Outcome: ...
+
+
+# --- payloads to events -----------------------------------------------------------------------------
+
+def qualified_user(user_id: str) -> str:
+    """`slack:U123` for Slack's `U123`, the form ADMIN_USER_IDS and the core use."""
+    return f"{PLATFORM}:{user_id}"
+
+
+def without_bot_mention(text: str, bot_user_id: str | None) -> str:
+    """`text` with every mention of the bot (`<@U0BOT>`, `<@U0BOT|name>`) removed and the ends trimmed."""
+    if not bot_user_id:
+        return text.strip()
+    stripped = re.sub(rf"<@{re.escape(bot_user_id)}(?:\|[^>]*)?>", " ", text)
+    return re.sub(r"[ \t]{2,}", " ", stripped).strip()
+
+
+def mentions_bot(text: str, bot_user_id: str | None) -> bool:
+    """Whether `text` mentions the bot."""
+    if not bot_user_id:
+        return False
+    return re.search(rf"<@{re.escape(bot_user_id)}(?:\|[^>]*)?>", text) is not None
+
+
+def command_event(command: dict[str, Any]) -> ChatEvent | None:
+    """The ChatEvent of a `/research`, `/plan` or `/ask` payload; None for any other command."""
+    name = COMMANDS.get(str(command.get("command", "")))
+    if name is None:
+        return None
+    return ChatEvent(platform=PLATFORM, workspace=str(command.get("team_id", "")), channel=str(command.get("channel_id", "")),
+                     user=qualified_user(str(command.get("user_id", ""))), kind="command", command=name,
+                     text=str(command.get("text") or "").strip())
+
+
+def mention_event(body: dict[str, Any], bot_user_id: str | None) -> ChatEvent:
+    """The ChatEvent of an `app_mention` event callback, the bot's mention taken out of the text."""
+    event = body["event"]
+    return ChatEvent(platform=PLATFORM, workspace=_event_workspace(body), channel=str(event.get("channel", "")),
+                     user=qualified_user(str(event.get("user", ""))), kind="mention",
+                     text=without_bot_mention(str(event.get("text") or ""), bot_user_id),
+                     thread=event.get("thread_ts"), message_id=event.get("ts"), event_id=body.get("event_id"))
+
+
+def message_event(body: dict[str, Any], bot_user_id: str | None) -> ChatEvent | None:
+    """A direct message (kind `direct`) or a reply in a channel thread (kind `message`); None for anything else.
+
+    Edits, joins and other subtypes, bots' messages, top-level channel messages, and thread replies that mention the
+    bot (the `app_mention` listener has those) are None.
+    """
+    event = body["event"]
+    if event.get("subtype") not in PERSON_MESSAGE_SUBTYPES or event.get("bot_id") or not event.get("user"):
+        return None
+    channel_type = event.get("channel_type")
+    text = str(event.get("text") or "")
+    thread_ts, ts = event.get("thread_ts"), event.get("ts")
+    if channel_type == "im":
+        kind: Literal["direct", "message"] = "direct"
+    elif channel_type in CHANNEL_TYPES_WITH_THREADS and thread_ts and thread_ts != ts and not mentions_bot(text, bot_user_id):
+        kind = "message"
+    else:
+        return None
+    return ChatEvent(platform=PLATFORM, workspace=_event_workspace(body), channel=str(event.get("channel", "")),
+                     user=qualified_user(str(event["user"])), kind=kind, text=without_bot_mention(text, bot_user_id),
+                     thread=thread_ts, message_id=ts, event_id=body.get("event_id"))
+
+
+def reaction_event(body: dict[str, Any]) -> ChatEvent | None:
+    """The ChatEvent of a `reaction_added` on a message (the emoji's name, the message reacted to); None otherwise."""
+    event = body["event"]
+    item = event.get("item") or {}
+    if item.get("type") != "message" or not event.get("user") or not event.get("reaction"):
+        return None
+    return ChatEvent(platform=PLATFORM, workspace=_event_workspace(body), channel=str(item.get("channel", "")),
+                     user=qualified_user(str(event["user"])), kind="reaction", reaction=str(event["reaction"]),
+                     message_id=item.get("ts"), event_id=body.get("event_id"))
+
+
+def action_event(body: dict[str, Any]) -> ChatEvent | None:
+    """The ChatEvent of a click on a retry, continue or export button (value: the run id); None otherwise."""
+    actions = body.get("actions") or []
+    if not actions:
+        return None
+    action = ACTION_IDS.get(str(actions[0].get("action_id", "")))
+    if action is None:
+        return None
+    try:
+        run_id = int(actions[0].get("value", ""))
+    except (TypeError, ValueError):
+        return None
+    message = body.get("message") or {}
+    container = body.get("container") or {}
+    user = body.get("user") or {}
+    message_ts = message.get("ts") or container.get("message_ts")
+    channel = (body.get("channel") or {}).get("id") or container.get("channel_id") or ""
+    workspace = (body.get("team") or {}).get("id") or user.get("team_id") or ""
+    return ChatEvent(platform=PLATFORM, workspace=str(workspace), channel=str(channel), user=qualified_user(str(user.get("id", ""))),
+                     kind="action", action=action, action_run_id=run_id,
+                     thread=message.get("thread_ts") or container.get("thread_ts") or message_ts, message_id=message_ts)
+
+
+def history_before(messages: list[dict[str, Any]], before_ts: str | None, bot_user_id: str | None,
+                   keep: int = HISTORY_KEEP) -> list[HistoryMessage]:
+    """The last `keep` messages of a thread (from `conversations.replies`) written before `before_ts`."""
+    earlier = [message for message in messages if before_ts is None or _ts_value(message.get("ts")) < _ts_value(before_ts)]
+    history = []
+    for message in earlier[-keep:]:
+        author = message.get("user") or message.get("bot_id") or ""
+        is_bot = bool(message.get("bot_id")) or (bot_user_id is not None and author == bot_user_id)
+        history.append(HistoryMessage(user=qualified_user(str(author)), text=str(message.get("text") or ""), is_bot=is_bot))
+    return history
+
+
+def _ts_value(ts: Any) -> float:
+    try:
+        return float(ts)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _event_workspace(body: dict[str, Any]) -> str:
+    return str(body.get("team_id") or body["event"].get("team") or "")
+
+
+# --- can the bot post here? ----------------------------------------------------------------------------
+
+class ChannelAccess(BaseModel):
+    """Whether the bot can post in a channel, and if not, what to tell the person (privately)."""
+
+    can_post: bool
+    reason: str | None = None
+
+
+def invite_instructions(bot_user_id: str | None) -> str:
+    """How to let the bot into a private channel, addressed to the person who asked."""
+    bot = f"<@{bot_user_id}>" if bot_user_id else "@deepthread"
+    return (f"I'm not in this conversation, so I can't post my answer here. If it is a private channel, invite me with "
+            f"/invite {bot} and ask again; otherwise ask me in a channel I'm in or in a direct message.")
+
+
+class ChannelMembership:
+    """Finds out whether the bot can post in a channel, joining public ones; remembers yes answers for a while.
+
+    Only yes answers are remembered, so that a channel the bot was just invited into works at once.
+    """
+
+    def __init__(self, *, cache_seconds: float = MEMBERSHIP_CACHE_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
+        self.cache_seconds = cache_seconds
+        self.clock = clock
+        self._can_post_until: dict[str, float] = {}
+
+    async def ensure(self, client: AsyncWebClient, channel: str, bot_user_id: str | None) -> ChannelAccess:
+        """Whether the bot can post in `channel`, after joining it if it is public; never raises for Slack errors."""
+        if self._can_post_until.get(channel, 0.0) > self.clock():
+            return ChannelAccess(can_post=True)
+        access = await self._find_out(client, channel, bot_user_id)
+        if access.can_post:
+            self._can_post_until[channel] = self.clock() + self.cache_seconds
+        return access
+
+    async def _find_out(self, client: AsyncWebClient, channel: str, bot_user_id: str | None) -> ChannelAccess:
+        try:
+            info = (await client.conversations_info(channel=channel)).get("channel") or {}
+        except SlackApiError as error:
+            # A private channel (or a DM between other people) is invisible to a bot that is not in it.
+            logger.info("conversations.info refused for a channel: %s", _slack_error_code(error))
+            return ChannelAccess(can_post=False, reason=invite_instructions(bot_user_id))
+        except SlackClientError:
+            logger.warning("conversations.info failed; assuming the bot can post", exc_info=True)
+            return ChannelAccess(can_post=True)
+        if info.get("is_im") or info.get("is_member"):
+            return ChannelAccess(can_post=True)
+        if info.get("is_private") or info.get("is_mpim") or info.get("is_group"):
+            return ChannelAccess(can_post=False, reason=invite_instructions(bot_user_id))
+        return await self._join(client, channel, bot_user_id)
+
+    @staticmethod
+    async def _join(client: AsyncWebClient, channel: str, bot_user_id: str | None) -> ChannelAccess:
+        try:
+            await client.conversations_join(channel=channel)
+        except (SlackApiError, SlackClientError) as error:
+            code = _slack_error_code(error) if isinstance(error, SlackApiError) else "connection_error"
+            logger.warning("could not join a public channel: %s", code)
+            bot = f"<@{bot_user_id}>" if bot_user_id else "@deepthread"
+            return ChannelAccess(can_post=False, reason=f"I couldn't join this channel ({code}). "
+                                                        f"Invite me with /invite {bot} and ask again.")
+        logger.info("joined a public channel to answer there")
+        return ChannelAccess(can_post=True)
+
+
+def _slack_error_code(error: SlackApiError) -> str:
+    data = getattr(error.response, "data", None)
+    return str(data.get("error")) if isinstance(data, dict) and data.get("error") else "unknown_error"
+
+
+# --- saying the replies --------------------------------------------------------------------------------
+
+PrivateSender = Callable[[str], Awaitable[None]]
+
+
+_ESCAPED_USER_MENTION = re.compile(r"&lt;@([UW][A-Z0-9]{2,})&gt;")
+
+
+def reply_mrkdwn(text: str) -> str:
+    """A core reply as Slack mrkdwn: `& < >` escaped so nothing quoted can ping or link, except user mentions
+    (`<@U123>`) that the core writes on purpose."""
+    return _ESCAPED_USER_MENTION.sub(r"<@\1>", escape_text(text))
+
+
+def _bare_user(user: str) -> str:
+    return user.removeprefix(f"{PLATFORM}:")
+
+
+async def post_in_thread(client: AsyncWebClient, channel: str, thread: str | None, text: str) -> None:
+    """Post `text` (Slack mrkdwn, already escaped) in `thread` of `channel`, link previews off."""
+    await client.chat_postMessage(channel=channel, thread_ts=thread, text=text, unfurl_links=False, unfurl_media=False)
+
+
+def ephemeral_sender(client: AsyncWebClient, event: ChatEvent, thread: str | None) -> PrivateSender:
+    """Says a text only the event's person sees, with `chat.postEphemeral`."""
+    async def send(text: str) -> None:
+        await client.chat_postEphemeral(channel=event.channel, user=_bare_user(event.user), text=text, thread_ts=thread)
+    return send
+
+
+def respond_sender(respond: AsyncRespond) -> PrivateSender:
+    """Says a text only the person sees, through the command's or button's `response_url`."""
+    async def send(text: str) -> None:
+        await respond(text=text, response_type="ephemeral", replace_original=False)
+    return send
+
+
+def reply_thread(event: ChatEvent, outcome: Outcome) -> str | None:
+    """The thread public replies go to: the core's, else the event's; a top-level mention is answered under itself."""
+    if outcome.thread:
+        return outcome.thread
+    if event.thread:
+        return event.thread
+    return event.message_id if event.kind == "mention" else None
+
+
+async def deliver(replies: list[Reply], *, client: AsyncWebClient, event: ChatEvent, thread: str | None,
+                  send_private: PrivateSender) -> None:
+    """Say each reply, privately or in `thread`; a failed reply is logged and does not stop the others."""
+    for reply in replies:
+        text = reply_mrkdwn(reply.text)
+        try:
+            if reply.private or (thread is None and event.kind == "reaction"):
+                # A reaction's thread is unknown when the core does not say it; a public reply would land top level.
+                await send_private(text)
+            else:
+                await post_in_thread(client, event.channel, thread, text)
+        except (SlackApiError, SlackClientError, OSError, ValueError) as error:
+            logger.warning("could not deliver a reply (%s)", type(error).__name__)
+
+
+# --- the listeners -------------------------------------------------------------------------------------
+
+class SlackListeners:
+    """What each Slack request does; bolt calls these methods with the arguments their parameter names ask for."""
+
+    def __init__(self, core: ConversationHandler, dedupe: EventDeduper, membership: ChannelMembership | None = None) -> None:
+        self.core = core
+        self.dedupe = dedupe
+        self.membership = membership or ChannelMembership()
+
+    async def drop_retried_events(self, body: dict[str, Any], next_: Callable[[], Awaitable[BoltResponse]]) -> BoltResponse:
+        """Global middleware: an event whose `event_id` was already delivered is acknowledged and goes no further."""
+        event_id = body.get("event_id") if body.get("type") == "event_callback" else None
+        if event_id and not await self.dedupe.first_delivery(str(event_id)):
+            logger.info("dropped a repeated delivery of an event")
+            return BoltResponse(status=200, body="")
+        return await next_()
+
+    async def on_command(self, ack: AsyncAck, command: dict[str, Any], respond: AsyncRespond, client: AsyncWebClient,
+                         context: AsyncBoltContext) -> None:
+        """`/research`, `/plan`, `/ask`: acknowledge, check the channel, hand to the core, say the replies."""
+        await ack()
+        event = command_event(command)
+        if event is None:
+            return
+        send_private = respond_sender(respond)
+        if not await self._can_post(client, event, context.bot_user_id, send_private):
+            return
+        await self._handle(event, client=client, send_private=send_private)
+
+    async def on_mention(self, body: dict[str, Any], client: AsyncWebClient, context: AsyncBoltContext) -> None:
+        """`app_mention` (already acknowledged by bolt): with the thread so far when the mention is inside one."""
+        event = mention_event(body, context.bot_user_id)
+        send_private = ephemeral_sender(client, event, event.thread)
+        if not await self._can_post(client, event, context.bot_user_id, send_private):
+            return
+        if event.thread:
+            event = event.model_copy(update={"thread_history": await self._thread_history(client, event, context.bot_user_id)})
+        await self._handle(event, client=client, send_private=send_private)
+
+    async def on_message(self, body: dict[str, Any], client: AsyncWebClient, context: AsyncBoltContext) -> None:
+        """`message`: direct messages and replies in channel threads go to the core; the rest is ignored."""
+        event = message_event(body, context.bot_user_id)
+        if event is None:
+            return
+        await self._handle(event, client=client, send_private=ephemeral_sender(client, event, event.thread))
+
+    async def on_reaction(self, body: dict[str, Any], client: AsyncWebClient) -> None:
+        """`reaction_added` on a message: the core decides whether it cancels a run or approves a plan."""
+        event = reaction_event(body)
+        if event is None:
+            return
+        await self._handle(event, client=client, send_private=ephemeral_sender(client, event, None))
+
+    async def on_action(self, ack: AsyncAck, body: dict[str, Any], respond: AsyncRespond, client: AsyncWebClient) -> None:
+        """Retry, continue and export buttons: acknowledge, then hand the click to the core."""
+        await ack()
+        event = action_event(body)
+        if event is None:
+            return
+        await self._handle(event, client=client, send_private=respond_sender(respond))
+
+    async def _can_post(self, client: AsyncWebClient, event: ChatEvent, bot_user_id: str | None,
+                        send_private: PrivateSender) -> bool:
+        access = await self.membership.ensure(client, event.channel, bot_user_id)
+        if access.can_post:
+            return True
+        try:
+            await send_private(access.reason or invite_instructions(bot_user_id))
+        except (SlackApiError, SlackClientError, OSError, ValueError) as error:
+            logger.warning("could not say how to invite the bot (%s)", type(error).__name__)
+        return False
+
+    async def _thread_history(self, client: AsyncWebClient, event: ChatEvent, bot_user_id: str | None) -> list[HistoryMessage]:
+        try:
+            answer = await client.conversations_replies(channel=event.channel, ts=str(event.thread), limit=HISTORY_FETCH_LIMIT)
+        except (SlackApiError, SlackClientError) as error:
+            logger.warning("could not read the thread's earlier messages (%s)", type(error).__name__)
+            return []
+        return history_before(list(answer.get("messages") or []), event.message_id, bot_user_id)
+
+    async def _handle(self, event: ChatEvent, *, client: AsyncWebClient, send_private: PrivateSender) -> None:
+        try:
+            outcome = await self.core.handle(event)
+        except Exception:
+            logger.exception("the conversation core failed on a %s event", event.kind)
+            await deliver([Reply(text=SOMETHING_WENT_WRONG, private=True)], client=client, event=event, thread=event.thread,
+                          send_private=send_private)
+            return
+        await deliver(outcome.replies, client=client, event=event, thread=reply_thread(event, outcome), send_private=send_private)
+
+
+def build_slack_app(settings: Settings, core: ConversationHandler, *, client: AsyncWebClient | None = None,
+                    dedupe: EventDeduper, membership: ChannelMembership | None = None) -> AsyncApp:
+    """The bolt app with every deepthread listener; raises ValueError without SLACK_BOT_TOKEN, or without
+    SLACK_SIGNING_SECRET when there is no SLACK_APP_TOKEN (HTTP mode verifies every request with it)."""
+    token = settings.secret("slack_bot_token")
+    if client is None:
+        if token is None:
+            raise ValueError("SLACK_BOT_TOKEN is required for the Slack bot")
+        client = build_slack_client(token, settings.slack_api_url)
+    signing_secret = settings.secret("slack_signing_secret")
+    if signing_secret is None and settings.secret("slack_app_token") is None:
+        raise ValueError("SLACK_SIGNING_SECRET is required in HTTP mode (or set SLACK_APP_TOKEN for Socket Mode)")
+    app = AsyncApp(client=client, signing_secret=signing_secret or "", process_before_response=False,
+                   ignoring_self_events_enabled=True, name="deepthread")
+    register_listeners(app, SlackListeners(core, dedupe, membership))
+    return app
+
+
+def register_listeners(app: AsyncApp, listeners: SlackListeners) -> None:
+    """Attach the dedupe middleware and every listener to `app`."""
+    app.middleware(listeners.drop_retried_events)
+    for command in COMMANDS:
+        app.command(command)(listeners.on_command)
+    app.event("app_mention")(listeners.on_mention)
+    app.event("message")(listeners.on_message)
+    app.event("reaction_added")(listeners.on_reaction)
+    for action_id in ACTION_IDS:
+        app.action(action_id)(listeners.on_action)

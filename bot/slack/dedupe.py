@@ -1,0 +1,81 @@
+"""Retried Slack event deliveries, recognised by their `event_id` so that each event is handled once.
+
+Slack redelivers an event (with `X-Slack-Retry-Num`) when it did not see our answer in three seconds; the retry carries
+the same `event_id`. The first delivery claims the id with Redis `SET key 1 NX EX 3600` (atomic across every bot
+process); later deliveries of that id find it claimed. Slack stops retrying well within the hour the claim lasts.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+import redis.asyncio
+from redis.exceptions import RedisError
+
+logger = logging.getLogger(__name__)
+
+EVENT_KEY = "deepthread:slack:event:{event_id}"
+CLAIM_SECONDS = 3600
+
+
+class EventDeduper(Protocol):
+    """Tells the first delivery of an event from its retries."""
+
+    async def first_delivery(self, event_id: str) -> bool:
+        """Whether `event_id` is seen here for the first time (and claim it)."""
+        ...
+
+
+class RedisEventDeduper:
+    """Claims event ids in Redis, shared by every bot process; when Redis is down it lets events through."""
+
+    def __init__(self, client: redis.asyncio.Redis, *, claim_seconds: int = CLAIM_SECONDS) -> None:
+        self.client = client
+        self.claim_seconds = claim_seconds
+
+    @classmethod
+    def from_url(cls, redis_url: str, *, claim_seconds: int = CLAIM_SECONDS) -> "RedisEventDeduper":
+        """A deduper on the Redis at `redis_url` (redis://, rediss:// or unix://)."""
+        return cls(redis.asyncio.Redis.from_url(redis_url), claim_seconds=claim_seconds)
+
+    async def first_delivery(self, event_id: str) -> bool:
+        """Whether `event_id` was not claimed yet (claiming it); True when Redis cannot answer."""
+        try:
+            claimed = await self.client.set(EVENT_KEY.format(event_id=event_id), b"1", nx=True, ex=self.claim_seconds)
+        except RedisError as error:
+            # Handling a retry twice is better than dropping an event that was never handled.
+            logger.warning("event dedupe unavailable (%s); handling the event anyway", type(error).__name__)
+            return True
+        return bool(claimed)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+class MemoryEventDeduper:
+    """Claims event ids in this process's memory, for tests and a single bot process."""
+
+    def __init__(self, *, claim_seconds: float = CLAIM_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
+        self.claim_seconds = claim_seconds
+        self.clock = clock
+        self._claimed_until: dict[str, float] = {}
+
+    async def first_delivery(self, event_id: str) -> bool:
+        """Whether `event_id` was not claimed within the last `claim_seconds` (claiming it)."""
+        now = self.clock()
+        self._forget_expired(now)
+        if event_id in self._claimed_until:
+            return False
+        self._claimed_until[event_id] = now + self.claim_seconds
+        return True
+
+    def _forget_expired(self, now: float) -> None:
+        # Claims are stored in the order they were made and all last as long, so the expired ones come first.
+        while self._claimed_until:
+            oldest = next(iter(self._claimed_until))
+            if self._claimed_until[oldest] > now:
+                return
+            del self._claimed_until[oldest]

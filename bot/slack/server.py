@@ -1,0 +1,131 @@
+"""Running the Slack bot: Socket Mode when SLACK_APP_TOKEN is set, otherwise HTTP mode behind a public URL.
+
+HTTP mode serves `POST /slack/events` (events, slash commands and interactivity all use this one Request URL; bolt
+verifies each request's signature and timestamp) and `GET /healthz` with uvicorn. Socket Mode opens a WebSocket from
+`apps.connections.open` (on SLACK_API_URL) and needs no public URL; `/healthz` is still served for the orchestrator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import uvicorn
+from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
+from slack_bolt.adapter.starlette.async_handler import AsyncSlackRequestHandler
+from slack_bolt.async_app import AsyncApp
+from slack_sdk.web.async_client import AsyncWebClient
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from bot.messenger.slack import SlackMessenger, build_slack_client
+from bot.render.slack import SlackRenderer
+from bot.slack.app import ConversationHandler, build_slack_app
+from bot.slack.dedupe import EventDeduper, RedisEventDeduper
+from config import Settings
+from storage.redis import resolve_redis_url
+
+logger = logging.getLogger(__name__)
+
+EVENTS_PATH = "/slack/events"
+HEALTH_PATH = "/healthz"
+
+
+async def healthz(request: Request) -> Response:
+    """Liveness: the process is up and serving."""
+    return JSONResponse({"ok": True})
+
+
+def build_http_app(app: AsyncApp | None) -> Starlette:
+    """The ASGI app: `GET /healthz`, and `POST /slack/events` into the bolt `app` when one is given (HTTP mode)."""
+    routes = [Route(HEALTH_PATH, healthz, methods=["GET"])]
+    if app is not None:
+        handler = AsyncSlackRequestHandler(app)
+
+        async def slack_events(request: Request) -> Response:
+            return await handler.handle(request)
+
+        routes.append(Route(EVENTS_PATH, slack_events, methods=["POST"]))
+    return Starlette(routes=routes)
+
+
+def slack_client(settings: Settings) -> AsyncWebClient:
+    """The Web API client for SLACK_API_URL with SLACK_BOT_TOKEN; raises ValueError when the token is missing."""
+    token = settings.secret("slack_bot_token")
+    if token is None:
+        raise ValueError("SLACK_BOT_TOKEN is required for the Slack bot")
+    return build_slack_client(token, settings.slack_api_url)
+
+
+def build_core(settings: Settings, client: AsyncWebClient | None = None) -> ConversationHandler:
+    """The conversation core posting through Slack; raises ValueError when the Slack settings are incomplete."""
+    from bot.conversation.core import build_core as build_conversation_core
+
+    client = client or slack_client(settings)
+    renderer = SlackRenderer(cancel_emoji=settings.cancel_emoji[0] if settings.cancel_emoji else "x")
+    return build_conversation_core(settings, SlackMessenger(client), renderer)
+
+
+def socket_mode_enabled(settings: Settings) -> bool:
+    """Whether SLACK_APP_TOKEN is set, which selects Socket Mode."""
+    return settings.secret("slack_app_token") is not None
+
+
+def require_slack_settings(settings: Settings) -> None:
+    """Check that the bot can start; raises ValueError naming the missing variable."""
+    if settings.secret("slack_bot_token") is None:
+        raise ValueError("SLACK_BOT_TOKEN (xoxb-…) is required for the Slack bot")
+    if not socket_mode_enabled(settings) and settings.secret("slack_signing_secret") is None:
+        raise ValueError("SLACK_SIGNING_SECRET is required in HTTP mode; set SLACK_APP_TOKEN (xapp-…) for Socket Mode")
+
+
+class SlackBot:
+    """The running bot: the bolt app behind Socket Mode (with an app token) or HTTP mode, `/healthz` either way."""
+
+    def __init__(self, settings: Settings, core: ConversationHandler, *, client: AsyncWebClient | None = None,
+                 dedupe: EventDeduper | None = None) -> None:
+        self.client = client or slack_client(settings)
+        self.dedupe = dedupe or RedisEventDeduper.from_url(resolve_redis_url(settings.redis_url, settings.data_dir))
+        self.app = build_slack_app(settings, core, client=self.client, dedupe=self.dedupe)
+        self.app_token = settings.secret("slack_app_token")
+        self.http_app = build_http_app(None if self.app_token else self.app)
+        self.socket_mode: AsyncSocketModeHandler | None = None
+        self._server: uvicorn.Server | None = None
+
+    async def run(self, *, host: str, port: int) -> None:
+        """Serve until `stop()` or a signal; in Socket Mode, connect to Slack first (slack-sdk retries until it can)."""
+        config = uvicorn.Config(self.http_app, host=host, port=port, lifespan="off", access_log=False, log_config=None)
+        self._server = uvicorn.Server(config)
+        try:
+            if self.app_token is not None:
+                # The Socket Mode client opens its aiohttp session on creation, so it is made inside the running loop.
+                self.socket_mode = AsyncSocketModeHandler(self.app, self.app_token)
+                await self.socket_mode.connect_async()
+                logger.info("slack bot connected in Socket Mode; /healthz on port %d", port)
+            else:
+                logger.info("slack bot serving HTTP mode: POST %s on port %d", EVENTS_PATH, port)
+            await self._server.serve()
+        finally:
+            if self.socket_mode is not None:
+                await self.socket_mode.close_async()
+            aclose = getattr(self.dedupe, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    def stop(self) -> None:
+        """Ask the server to shut down (safe from another thread)."""
+        if self._server is not None:
+            self._server.should_exit = True
+
+
+async def serve(settings: Settings, *, host: str, port: int) -> None:
+    """Run the bot with the conversation core until interrupted (see `SlackBot`)."""
+    client = slack_client(settings)
+    await SlackBot(settings, build_core(settings, client), client=client).run(host=host, port=port)
+
+
+def run(settings: Settings, *, host: str, port: int) -> None:
+    """Run the bot in this process until interrupted (see `serve`)."""
+    asyncio.run(serve(settings, host=host, port=port))

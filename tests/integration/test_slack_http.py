@@ -1,0 +1,193 @@
+"""The Slack bot on 127.0.0.1 with the real bolt app and real Redis for dedupe, talking to the fake Slack Web API: in
+HTTP mode (uvicorn, starlette) sent requests signed as Slack signs them, and in Socket Mode sent envelopes over a fake
+Socket Mode WebSocket."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import httpx
+import pytest
+
+from bot.conversation.events import ChatEvent, Outcome
+from bot.messenger.slack import build_slack_client
+from bot.slack.app import build_slack_app
+from bot.slack.dedupe import RedisEventDeduper
+from bot.slack.server import SlackBot, build_http_app
+from config import load_settings
+from tests.fakes.server import LoopbackServer, free_port
+from tests.fakes.slack_api import FakeSlack
+from tests.fakes.slack_events import (
+    FakeSocketModeServer,
+    ResponseUrlCatcher,
+    SlackEventSender,
+    SocketModeSlack,
+    sign_slack_request,
+)
+
+pytestmark = pytest.mark.integration
+
+SECRET = "integration-signing-secret"
+CHANNEL = "C0RESEARCH"
+USER = "U0ASKER"
+FIVE_MINUTES = 5 * 60
+
+
+class BlockingCore:
+    """Records each event (from the server's thread) and holds it until the test releases it."""
+
+    def __init__(self) -> None:
+        self.events: list[ChatEvent] = []
+        self.release = threading.Event()
+        self.release.set()
+        self._lock = threading.Lock()
+
+    async def handle(self, event: ChatEvent) -> Outcome:
+        with self._lock:
+            self.events.append(event)
+        while not self.release.is_set():
+            await asyncio.sleep(0.01)
+        return Outcome()
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self.events)
+
+
+class Bot:
+    """The running HTTP-mode bot and what it talks to."""
+
+    def __init__(self, url: str, core: BlockingCore, slack: FakeSlack, sender: SlackEventSender) -> None:
+        self.url = url
+        self.core = core
+        self.slack = slack
+        self.sender = sender
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(url).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def bot(redis_url: str) -> Iterator[Bot]:
+    core = BlockingCore()
+    with FakeSlack() as slack, ResponseUrlCatcher() as catcher:
+        settings = load_settings(slack_bot_token=slack.token, slack_signing_secret=SECRET, slack_api_url=slack.api_url,
+                                 redis_url=redis_url)
+        dedupe = RedisEventDeduper.from_url(redis_url)
+        app = build_slack_app(settings, core, client=build_slack_client(slack.token, slack.api_url), dedupe=dedupe)
+        with LoopbackServer(build_http_app(app)) as server:
+            sender = SlackEventSender(f"{server.url}/slack/events", SECRET, response_url=catcher.url)
+            yield Bot(server.url, core, slack, sender)
+            core.release.set()
+            sender.close()
+
+
+def test_healthz_answers_ok(bot: Bot) -> None:
+    response = httpx.get(f"{bot.url}/healthz")
+    assert response.status_code == 200 and response.json() == {"ok": True}
+
+
+def test_url_verification_echoes_the_challenge(bot: Bot) -> None:
+    response = bot.sender.send(bot.sender.url_verification("3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P"))
+    assert response.status_code == 200
+    assert response.json() == {"challenge": "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P"}
+
+
+def test_slash_command_is_acknowledged_while_the_core_is_still_working(bot: Bot) -> None:
+    bot.core.release.clear()
+    started = time.monotonic()
+    response = bot.sender.send(bot.sender.command("/research", "why is the sky blue", user=USER, channel=CHANNEL))
+    acknowledged_after = time.monotonic() - started
+    assert response.status_code == 200 and response.text == ""
+    wait_for(lambda: bot.core.count() == 1)
+    assert not bot.core.release.is_set(), "the core was still holding the command when Slack got its answer"
+    assert acknowledged_after < 1.0
+    assert bot.core.events[0].text == "why is the sky blue"
+
+
+def test_bad_signature_is_refused_and_starts_nothing(bot: Bot) -> None:
+    request = bot.sender.command("/research", "forged", user=USER, channel=CHANNEL)
+    forged = sign_slack_request("not-the-secret", request.body, int(time.time()))
+    response = bot.sender.send(request, signature=forged)
+    assert response.status_code == 401
+    time.sleep(0.2)
+    assert bot.core.count() == 0
+    assert bot.slack.calls() == []
+
+
+def test_timestamp_older_than_five_minutes_is_refused_even_when_signed(bot: Bot) -> None:
+    request = bot.sender.event(bot.sender.app_mention("<@U0BOT> replayed", user=USER, channel=CHANNEL))
+    response = bot.sender.send(request, timestamp=int(time.time()) - FIVE_MINUTES - 30)
+    assert response.status_code == 401
+    time.sleep(0.2)
+    assert bot.core.count() == 0
+
+
+def test_the_same_mention_delivered_twice_is_handled_once(bot: Bot) -> None:
+    request = bot.sender.event(bot.sender.app_mention("<@U0BOT> what changed in 2024?", user=USER, channel=CHANNEL))
+    first = bot.sender.send(request)
+    retry = bot.sender.send(request, retry_num=1)
+    assert (first.status_code, retry.status_code) == (200, 200)
+    wait_for(lambda: bot.core.count() == 1)
+    time.sleep(0.3)
+    assert bot.core.count() == 1
+    assert bot.core.events[0].event_id == request.event_id and bot.core.events[0].text == "what changed in 2024?"
+
+
+def test_unsigned_request_is_refused(bot: Bot) -> None:
+    request = bot.sender.command("/research", "no headers", user=USER, channel=CHANNEL)
+    response = httpx.post(f"{bot.url}/slack/events", content=request.body,
+                          headers={"Content-Type": request.content_type})
+    assert response.status_code == 401
+
+
+# --- Socket Mode ---------------------------------------------------------------------------------
+
+def test_socket_mode_acknowledges_envelopes_and_hands_them_to_the_core(redis_url: str) -> None:
+    core = BlockingCore()
+    with SocketModeSlack() as slack, FakeSocketModeServer() as socket_server, ResponseUrlCatcher() as catcher:
+        slack.socket_url = socket_server.url
+        settings = load_settings(slack_bot_token=slack.token, slack_app_token=slack.app_token, slack_api_url=slack.api_url,
+                                 redis_url=redis_url)
+        bot = SlackBot(settings, core, client=build_slack_client(slack.token, slack.api_url),
+                       dedupe=RedisEventDeduper.from_url(redis_url))
+        port = free_port()
+        thread = threading.Thread(target=lambda: asyncio.run(bot.run(host="127.0.0.1", port=port)), daemon=True)
+        thread.start()
+        try:
+            socket_server.wait_connected()
+            wait_for(lambda: _healthy(f"http://127.0.0.1:{port}/healthz"))
+            assert httpx.post(f"http://127.0.0.1:{port}/slack/events", content=b"{}").status_code in (404, 405)
+            sender = SlackEventSender("unused", "unused", response_url=catcher.url)
+            command = sender.socket_envelope("slash_commands", sender.command_payload(
+                "/research", "tides and the moon", user=USER, channel=CHANNEL))
+            mention = sender.event_payload(sender.app_mention("<@U0BOT> and the sun?", user=USER, channel=CHANNEL))
+            first = sender.socket_envelope("events_api", mention)
+            retry = sender.socket_envelope("events_api", mention, retry_attempt=1)
+            for envelope in (command, first, retry):
+                socket_server.push(envelope)
+            expected = {command["envelope_id"], first["envelope_id"], retry["envelope_id"]}
+            wait_for(lambda: expected <= {ack.get("envelope_id") for ack in socket_server.acks()})
+            wait_for(lambda: core.count() == 2)
+            time.sleep(0.3)
+            assert [(event.kind, event.text) for event in core.events] == [
+                ("command", "tides and the moon"), ("mention", "and the sun?")]
+            assert slack.calls("apps.connections.open")
+        finally:
+            bot.stop()
+            thread.join(timeout=10)
