@@ -93,7 +93,7 @@ class RunDelivery:
         report, delivered = await asyncio.to_thread(self._load_for_delivery, attempt)
         if report is None:
             return
-        delivery = self.renderer.report(report, requester=self.requester)
+        delivery = self.renderer.report(report, requester=self.requester, run_id=self.run_id)
         posted = [entry for entry in delivered if entry.get("kind") != UPLOADED_FILE]
         for index, content in enumerate(delivery.messages):
             if index < len(posted):

@@ -58,7 +58,7 @@ class ConsoleRenderer:
         return Content(text=f"{progress.state}: {progress.question}",
                        extra={"live": progress.state in ("queued", "running"), "rich": render_progress(progress, now)})
 
-    def report(self, report: Report, *, requester: str) -> ReportDelivery:
+    def report(self, report: Report, *, requester: str, run_id: int | None = None) -> ReportDelivery:
         return ReportDelivery(messages=[Content(text=render_markdown(report), extra={"format": "markdown"})])
 
     def notice(self, text: str) -> Content:

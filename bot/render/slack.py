@@ -610,8 +610,13 @@ class SlackRenderer:
         return Content(text=escaped, blocks=blocks)
 
     def _greeting(self, report: Report, requester: str) -> str:
-        question = single_line(report.question) or _title_and_body(report)[0]
-        return f"{user_mention(requester)} here is your report on “{escape_text(shortened(question, 300))}”."
+        question = escape_text(shortened(single_line(report.question) or _title_and_body(report)[0], 300))
+        if report.mode == "plan":
+            return (f"{user_mention(requester)} here is a research plan for “{question}”. Reply *go* (or react "
+                    f"✅ on the status message) to run it, or reply with what to change.")
+        if report.mode in ("chat", "followup"):
+            return f"{user_mention(requester)} on “{question}”:"
+        return f"{user_mention(requester)} here is your report on “{question}”."
 
     def _as_file(self, report: Report, greeting: str) -> ReportDelivery:
         title, _ = _title_and_body(report)
