@@ -70,7 +70,17 @@ class RunDelivery:
             await self.editor.close(progress)
         except Exception:  # the report matters more than the last status edit
             logger.warning("final status edit failed for run %s", self.run_id, exc_info=True)
-        await self.deliver_report(progress.attempt)
+        try:
+            await self.deliver_report(progress.attempt)
+        except Exception as error:  # nothing may be dropped silently: say so in the thread
+            logger.error("report delivery failed for run %s", self.run_id, exc_info=True)
+            reason = getattr(error, "reason", None) or type(error).__name__
+            notice = (f"The report of this run could not be posted ({reason}). It is saved: use the Export button "
+                      f"or `deepthread export {self.run_id}`.")
+            try:
+                await self.messenger.post(self.place, self.renderer.notice(notice))
+            except Exception:
+                logger.error("could not tell the thread that run %s's report failed", self.run_id, exc_info=True)
 
     def _load_for_delivery(self, attempt: int) -> tuple[Report | None, list[dict[str, Any]]]:
         with self.sessions.begin() as session:

@@ -6,6 +6,7 @@ It never calls an LLM, a provider or a web page: it writes the database, submits
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import logging
 from dataclasses import dataclass, field
@@ -97,7 +98,7 @@ class ConversationCore:
             return await self._action(event)
         text = event.text.strip()
         if event.thread is not None:
-            view = self._thread(event.platform, event.workspace, event.channel, event.thread)
+            view = await asyncio.to_thread(self._thread, event.platform, event.workspace, event.channel, event.thread)
             if view is not None:
                 return await self._thread_reply(event, view, text)
             if event.kind == "message":
@@ -126,7 +127,7 @@ class ConversationCore:
             thread = root.message_id
         else:
             thread = event.thread or event.message_id or ""
-        view = self._thread(event.platform, event.workspace, event.channel, thread)
+        view = await asyncio.to_thread(self._thread, event.platform, event.workspace, event.channel, thread)
         if view is not None and view.active is not None:
             return Outcome(replies=[busy_reply(view.active)], thread=thread)
         history = [(item.user, item.text, item.is_bot) for item in event.thread_history] if view is None else []
@@ -140,29 +141,49 @@ class ConversationCore:
                      mode: str | None = None) -> Outcome:
         """Store the run, post its status message in the thread, then submit it."""
         run_mode = mode or request.mode
-        with self.sessions.begin() as session:
-            conversation = self._conversation(session, event, thread)
-            for user, text, is_bot in history or []:
-                session.add(Message(conversation=conversation, role="assistant" if is_bot else "user", author=user, text=text))
-            session.add(Message(conversation=conversation, role="user", author=event.user, text=request.question,
-                                platform_message_id=event.message_id, mode=run_mode))
-            run = Run(conversation=conversation, workspace=event.workspace, mode=run_mode, question=request.question,
-                      options={**request.options, **(extra_options or {})}, plan=plan, requested_by=event.user)
-            session.add(run)
-            session.flush()
-            run_id = run.id
+        run_id = await asyncio.to_thread(self._store_run, event, thread, request, run_mode, plan, history or [],
+                                         {**request.options, **(extra_options or {})})
         place = Place(platform=event.platform, workspace=event.workspace, channel=event.channel, thread=thread)
         progress = initial_progress(run_id=run_id, mode=run_mode, question=request.question, requested_by=event.user)
         status = await self.messenger.post(place, self.renderer.status(progress, now=_now()))
-        with self.sessions.begin() as session:
-            stored = session.get(Run, run_id)
-            stored.status_message = status.model_dump(mode="json")
-            stored.status_message_id = status.message_id
-        position = self.queue.submit(run_id)
+        position = await asyncio.to_thread(self._store_status_and_submit, run_id, status)
         if position is not None:
             waiting = progress.model_copy(update={"queue_position": position})
             await self.messenger.edit(status, self.renderer.status(waiting, now=_now()))
         return Outcome(run_id=run_id, thread=thread)
+
+    # The database and queue calls below are synchronous; the async paths run them in a thread so
+    # the adapter's event loop keeps acknowledging other requests meanwhile.
+
+    def _store_run(self, event: ChatEvent, thread: str, request: Request, mode: str, plan: dict[str, Any] | None,
+                   history: list[tuple[str, str, bool]], options: dict[str, Any]) -> int:
+        with self.sessions.begin() as session:
+            conversation = self._conversation(session, event, thread)
+            for user, text, is_bot in history:
+                session.add(Message(conversation=conversation, role="assistant" if is_bot else "user", author=user, text=text))
+            session.add(Message(conversation=conversation, role="user", author=event.user, text=request.question,
+                                platform_message_id=event.message_id, mode=mode))
+            run = Run(conversation=conversation, workspace=event.workspace, mode=mode, question=request.question,
+                      options=options, plan=plan, requested_by=event.user)
+            session.add(run)
+            session.flush()
+            return run.id
+
+    def _store_status_and_submit(self, run_id: int, status: MessageRef) -> int | None:
+        with self.sessions.begin() as session:
+            stored = session.get(Run, run_id)
+            stored.status_message = status.model_dump(mode="json")
+            stored.status_message_id = status.message_id
+        return self.queue.submit(run_id)
+
+    def _load_run(self, run_id: int | None) -> Run | None:
+        if run_id is None:
+            return None
+        with self.sessions() as session:
+            run = session.get(Run, run_id)
+            if run is not None:
+                session.expunge(run)
+            return run
 
     def _conversation(self, session: Session, event: ChatEvent, thread: str) -> Conversation:
         found = session.scalar(select(Conversation).where(
@@ -227,14 +248,14 @@ class ConversationCore:
         if not plan:
             return Outcome(replies=[Reply(text="That plan has no steps to run; ask for a new plan.", private=True)])
         original = plan_run.question.split("\n\nChanges requested:", 1)[0]
-        return await self._start(event, self._thread_id(plan_run), Request(mode="research", question=original),
+        return await self._start(event, await asyncio.to_thread(self._thread_id, plan_run), Request(mode="research", question=original),
                                  plan=plan)
 
     async def _retry(self, event: ChatEvent, run: Run) -> Outcome:
         request = Request(mode="chat" if run.mode == "followup" else run.mode, question=run.question,
                           options={k: v for k, v in (run.options or {}).items() if k != "answer_from_run"})
         extra = {"answer_from_run": run.options["answer_from_run"]} if run.mode == "followup" else None
-        return await self._start(event, self._thread_id(run), request, plan=run.plan, mode=run.mode,
+        return await self._start(event, await asyncio.to_thread(self._thread_id, run), request, plan=run.plan, mode=run.mode,
                                  extra_options=extra)
 
     # -- cancels, reactions and buttons -----------------------------------------------------------
@@ -245,7 +266,7 @@ class ConversationCore:
     async def _cancel(self, event: ChatEvent, run: Run) -> Outcome:
         if not self._may_cancel(event.user, run):
             return Outcome(replies=[not_allowed_reply(run)])
-        self.queue.cancel(run.id, event.user)
+        await asyncio.to_thread(self.queue.cancel, run.id, event.user)
         return Outcome(cancelled_run_id=run.id)
 
     def _run_by_status_message(self, event: ChatEvent) -> Run | None:
@@ -260,7 +281,7 @@ class ConversationCore:
             return run
 
     async def _reaction(self, event: ChatEvent) -> Outcome:
-        run = self._run_by_status_message(event)
+        run = await asyncio.to_thread(self._run_by_status_message, event)
         if run is None or event.reaction is None:
             return Outcome()
         if event.reaction in self.settings.cancel_emoji:
@@ -270,7 +291,7 @@ class ConversationCore:
         if event.reaction in APPROVAL_EMOJI and run.mode == "plan" and run.state == "done":
             if event.user != run.requested_by and event.user not in self.settings.admins:
                 return Outcome(replies=[Reply(private=True, text="Only the person who asked for this plan can approve it.")])
-            view = self._thread_of(run)
+            view = await asyncio.to_thread(self._thread_of, run)
             if view is not None and view.active is not None:
                 return Outcome(replies=[busy_reply(view.active)])
             return await self._run_plan(event, run)
@@ -288,17 +309,14 @@ class ConversationCore:
         return self._thread(*place)
 
     async def _action(self, event: ChatEvent) -> Outcome:
-        with self.sessions() as session:
-            run = session.get(Run, event.action_run_id) if event.action_run_id else None
-            if run is not None:
-                session.expunge(run)
+        run = await asyncio.to_thread(self._load_run, event.action_run_id)
         if run is None:
             return Outcome(replies=[Reply(text="That run no longer exists.", private=True)])
         if event.action == "export":
             return await self._export(event, run)
         if event.action == "cancel":
             return await self._cancel(event, run) if run.state in IN_FLIGHT else Outcome()
-        view = self._thread_of(run)
+        view = await asyncio.to_thread(self._thread_of, run)
         if view is not None and view.active is not None:
             return Outcome(replies=[busy_reply(view.active)])
         if event.action == "approve" and run.mode == "plan":
@@ -306,7 +324,8 @@ class ConversationCore:
         if event.action == "retry":
             return await self._retry(event, run)
         if event.action == "continue":
-            return await self._start(event, self._thread_id(run), Request(mode="research", question=run.question))
+            return await self._start(event, await asyncio.to_thread(self._thread_id, run),
+                                     Request(mode="research", question=run.question))
         return Outcome()
 
     async def _export(self, event: ChatEvent, run: Run) -> Outcome:
@@ -314,7 +333,7 @@ class ConversationCore:
             return Outcome(replies=[Reply(text="That run has no report to export.", private=True)])
         report = Report.model_validate(run.report_json)
         place = Place(platform=event.platform, workspace=event.workspace, channel=event.channel,
-                      thread=self._thread_id(run))
+                      thread=await asyncio.to_thread(self._thread_id, run))
         await self.messenger.upload(place, FileUpload(filename=f"deepthread-report-{run.id}.md",
                                                       data=render_markdown(report).encode("utf-8"),
                                                       title=report.title[:200]))

@@ -8,7 +8,7 @@ from bot.cli import app
 def test_help_lists_the_commands() -> None:
     result = CliRunner().invoke(app, ["--help"])
     assert result.exit_code == 0
-    for command in ("migrate", "doctor"):
+    for command in ("migrate", "doctor", "research", "plan", "runs", "export", "worker", "chat", "up", "slack"):
         assert command in result.output
 
 
@@ -23,3 +23,12 @@ def test_migrate_creates_the_schema_on_sqlite(tmp_path, monkeypatch) -> None:
     assert result.exit_code == 0, result.output
     tables = set(inspect(make_engine(url)).get_table_names())
     assert {"conversations", "messages", "runs", "sources", "passages", "citations", "events", "alembic_version"} <= tables
+
+
+def test_up_reports_missing_llm_settings_in_one_line_before_starting_anything(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("DATABASE_URL", f"sqlite:///{tmp_path}/deep.db")
+    result = CliRunner().invoke(app, ["up"])
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines() == [result.output.strip()]
+    assert "LLM_MODEL is not set" in result.output
+    assert not (tmp_path / "deep.db").exists()

@@ -1,0 +1,77 @@
+"""Exactly-once delivery of a report, and what happens when a platform refuses it."""
+
+from __future__ import annotations
+
+import asyncio
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from bot.messenger.base import Content, MessengerError, Place
+from bot.render.slack import SlackRenderer
+from bot.render.state import initial_progress
+from research.report import Report
+from storage.models import Conversation, Run
+from tests.fakes.messenger import RecordingMessenger
+from worker.delivery import RunDelivery
+from worker.progress import InMemoryEditBucket
+
+
+def stored_run(sessions: sessionmaker[Session], attempt: int = 1) -> int:
+    with sessions.begin() as session:
+        conversation = Conversation(platform="slack", workspace="T1", channel="C1", thread="100.0", created_by="slack:U0ALICE01")
+        run = Run(conversation=conversation, workspace="T1", mode="research", question="q", requested_by="slack:U0ALICE01",
+                  state="done", attempt=attempt, report_json=Report(title="t", question="q", body_markdown="b").model_dump(mode="json"),
+                  status_message={"platform": "slack", "workspace": "T1", "channel": "C1", "message_id": "101.0", "thread": "100.0"})
+        session.add(run)
+        session.flush()
+        return run.id
+
+
+def delivery(sessions: sessionmaker[Session], run_id: int, messenger: RecordingMessenger) -> RunDelivery:
+    return RunDelivery(sessions, run_id, messenger=messenger, renderer=SlackRenderer(), bucket=InMemoryEditBucket(),
+                       min_interval=0.0)
+
+
+def test_the_report_is_posted_once_in_the_thread_and_recorded(session_factory) -> None:
+    run_id = stored_run(session_factory)
+    messenger = RecordingMessenger()
+    asyncio.run(delivery(session_factory, run_id, messenger).deliver_report(attempt=1))
+    assert len(messenger.posts) == 1 and messenger.posts[0][0].thread == "100.0"
+    assert "<@U0ALICE01>" in messenger.posts[0][1].text
+    with session_factory() as session:
+        run = session.get(Run, run_id)
+        assert run.delivery_intent_at is not None and len(run.delivered_messages) == 1
+
+
+def test_a_retried_delivery_edits_what_was_posted_instead_of_posting_again(session_factory) -> None:
+    run_id = stored_run(session_factory)
+    first = RecordingMessenger()
+    asyncio.run(delivery(session_factory, run_id, first).deliver_report(attempt=1))
+    again = RecordingMessenger()
+    asyncio.run(delivery(session_factory, run_id, again).deliver_report(attempt=1))
+    assert again.posts == []
+    assert [ref.message_id for ref, _ in again.edits] == [first.posts[0][2].message_id]
+
+
+def test_a_stale_attempt_cannot_deliver(session_factory) -> None:
+    run_id = stored_run(session_factory, attempt=2)
+    messenger = RecordingMessenger()
+    asyncio.run(delivery(session_factory, run_id, messenger).deliver_report(attempt=1))
+    assert messenger.posts == []
+
+
+class RefusingMessenger(RecordingMessenger):
+    async def post(self, place: Place, content: Content):
+        if "here is your report" in content.text:
+            raise MessengerError("channel_not_found")
+        return await super().post(place, content)
+
+
+def test_a_refused_report_is_announced_in_the_thread_not_dropped(session_factory) -> None:
+    run_id = stored_run(session_factory)
+    messenger = RefusingMessenger()
+    progress = initial_progress(run_id=run_id, mode="research", question="q", requested_by="slack:U0ALICE01",
+                                attempt=1).model_copy(update={"state": "done"})
+    asyncio.run(delivery(session_factory, run_id, messenger).finish(progress))
+    notices = [content.text for _, content, _ in messenger.posts]
+    assert any("could not be posted (channel_not_found)" in text and f"deepthread export {run_id}" in text for text in notices)
