@@ -80,7 +80,6 @@ def _run_in_terminal(mode: str, question: str, options: dict, output_format: str
 
     from bot.render.console import render_progress
     from research.budget import CancelToken
-    from research.report import Report
     from worker.headless import create_terminal_run, export_run
     from worker.runner import RunnerServices, execute
     from worker.toolkit import build_research_tools, research_options

@@ -18,7 +18,7 @@ from research.events import Error
 from research.models import Passage as FoundPassage
 from research.models import SearchResult
 from research.report import Report, audit_line, render_markdown
-from storage.models import Citation, Conversation, Event, Message, Passage, Run, Source, utcnow
+from storage.models import Citation, Event, Message, Passage, Run, Source, utcnow
 from bot.render.state import RunProgress, apply_event, initial_progress
 from worker.leases import holds_attempt, renew_lease, take_lease, worker_identity
 

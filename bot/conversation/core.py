@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from bot.conversation import commands
 from bot.conversation.commands import Mode, Request, UsageProblem
 from bot.conversation.events import ChatEvent, Outcome, Reply
-from bot.messenger.base import Content, FileUpload, MessageRef, Messenger, Place
+from bot.messenger.base import FileUpload, MessageRef, Messenger, Place
 from bot.render.base import PlatformRenderer
 from bot.render.state import initial_progress
 from research.report import Report, render_markdown

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import contextvars
 import datetime as dt
 import email.utils
@@ -224,6 +226,18 @@ def build_result(
         score=float_or_none(score),
         extra_snippets=strings_in(extra_snippets),
     )
+
+
+def build_results(provider: str, items: Iterable[Any], **keys: str) -> list[SearchResult]:
+    """SearchResults from JSON objects, each field read from the key named for it (`snippet="content"`); items that
+    are not objects or have no http(s) URL are skipped."""
+    results: list[SearchResult] = []
+    for item in items:
+        if isinstance(item, dict):
+            result = build_result(provider, **{field: item.get(key) for field, key in keys.items()})
+            if result is not None:
+                results.append(result)
+    return results
 
 
 def results_list(provider: str, payload: Any, *path: str, missing_is_empty: bool = False) -> list[Any]:

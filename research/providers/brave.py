@@ -12,7 +12,7 @@ from research.models import ProviderName, SearchQuery, SearchResult
 from research.providers.base import (
     DEFAULT_BRAVE_BASE_URL,
     SearchProviderError,
-    build_result,
+    build_results,
     query_with_exclusions,
     results_list,
     send_for_json,
@@ -94,18 +94,6 @@ class BraveProvider:
         """SearchResults from a Brave web-search reply; raises SearchProviderError (malformed) when it is not one."""
         if not isinstance(payload, dict) or payload.get("type") != "search":
             raise SearchProviderError(self.name, "malformed", "not a Brave search reply")
-        results: list[SearchResult] = []
-        for item in results_list(self.name, payload, "web", "results", missing_is_empty=True):
-            if not isinstance(item, dict):
-                continue
-            result = build_result(
-                self.name,
-                url=item.get("url"),
-                title=item.get("title"),
-                snippet=item.get("description"),
-                published=item.get("page_age"),
-                extra_snippets=item.get("extra_snippets"),
-            )
-            if result is not None:
-                results.append(result)
-        return results
+        return build_results(self.name, results_list(self.name, payload, "web", "results", missing_is_empty=True),
+                             url="url", title="title", snippet="description", published="page_age",
+                             extra_snippets="extra_snippets")

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
 from research.models import ProviderName, SearchQuery, SearchResult
-from research.providers.base import SearchProviderError, build_result, query_with_exclusions
+from research.providers.base import SearchProviderError, build_results, query_with_exclusions
 
 TimeLimit = Literal["d", "w", "m", "y"]
 NO_RESULTS_MESSAGE = "No results found."
@@ -84,11 +84,4 @@ class DuckDuckGoProvider:
         """SearchResults from ddgs' text results ({"title", "href", "body"}); raises SearchProviderError when they are not a list."""
         if not isinstance(items, list):
             raise SearchProviderError(self.name, "malformed", f"expected a list, got {type(items).__name__}")
-        results: list[SearchResult] = []
-        for item in items:
-            if not isinstance(item, dict):
-                continue
-            result = build_result(self.name, url=item.get("href"), title=item.get("title"), snippet=item.get("body"))
-            if result is not None:
-                results.append(result)
-        return results
+        return build_results(self.name, items, url="href", title="title", snippet="body")

@@ -9,7 +9,7 @@ from typing import Any, Literal
 import httpx
 
 from research.models import ProviderName, SearchQuery, SearchResult
-from research.providers.base import SearchProviderError, build_result, results_list, send_for_json
+from research.providers.base import SearchProviderError, build_results, results_list, send_for_json
 
 TimeRange = Literal["day", "week", "month", "year"]
 
@@ -81,18 +81,5 @@ class SearxngProvider:
         if not items and unresponsive:
             # An empty page because Google and friends timed out is not an empty web.
             raise SearchProviderError(self.name, "unavailable", "unresponsive engines: " + ", ".join(unresponsive))
-        results: list[SearchResult] = []
-        for item in items:
-            if not isinstance(item, dict):
-                continue
-            result = build_result(
-                self.name,
-                url=item.get("url"),
-                title=item.get("title"),
-                snippet=item.get("content"),
-                published=item.get("publishedDate"),
-                score=item.get("score"),
-            )
-            if result is not None:
-                results.append(result)
-        return results
+        return build_results(self.name, items, url="url", title="title", snippet="content", published="publishedDate",
+                             score="score")

@@ -12,7 +12,7 @@ from research.models import ProviderName, SearchQuery, SearchResult
 from research.providers.base import (
     DEFAULT_TAVILY_BASE_URL,
     ResponseRecordingClient,
-    build_result,
+    build_results,
     decode_json,
     error_from_sdk_failure,
     results_list,
@@ -74,18 +74,5 @@ class TavilyProvider:
 
     def parse(self, payload: Any) -> list[SearchResult]:
         """SearchResults from a Tavily `/search` reply; raises SearchProviderError (malformed) when it is not one."""
-        results: list[SearchResult] = []
-        for item in results_list(self.name, payload, "results"):
-            if not isinstance(item, dict):
-                continue
-            result = build_result(
-                self.name,
-                url=item.get("url"),
-                title=item.get("title"),
-                snippet=item.get("content"),
-                published=item.get("published_date"),
-                score=item.get("score"),
-            )
-            if result is not None:
-                results.append(result)
-        return results
+        return build_results(self.name, results_list(self.name, payload, "results"), url="url", title="title",
+                             snippet="content", published="published_date", score="score")

@@ -11,7 +11,6 @@ import sqlalchemy as sa
 from alembic import op
 
 
-import storage.models
 
 revision = '0002'
 down_revision = '0001'
