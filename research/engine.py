@@ -176,6 +176,9 @@ class _Run:
             self.state.report = unfinished_report(self.state, reason="stopped by user", stopped_by_user=True)
             await self.sink(Aborted(reason=f"stopped by {self.cancel.cancelled_by}" if self.cancel.cancelled_by else "cancelled"))
             return self.state.report
+        if task.cancelled():
+            await self.sink(Error(message="The run was interrupted before it could finish; what it found is kept."))
+            return None
         error = task.exception()
         if error is None:
             report = task.result()

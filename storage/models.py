@@ -16,6 +16,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
@@ -110,6 +111,10 @@ class Run(Base):
         Index("ix_runs_requester_state", "requested_by", "state"),
         Index("ix_runs_workspace_state", "workspace", "state"),
         Index("ix_runs_status_message_id", "status_message_id"),
+        # One run in flight per thread, whatever races the bot's handlers run into.
+        Index("uq_runs_one_in_flight_per_conversation", "conversation_id", unique=True,
+              sqlite_where=text("state IN ('queued', 'running')"),
+              postgresql_where=text("state IN ('queued', 'running')")),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -126,6 +131,7 @@ class Run(Base):
     status_message_id: Mapped[str | None] = mapped_column(String(64))
     delivered_messages: Mapped[list[Any] | None] = mapped_column(JSON)
     delivery_intent_at: Mapped[dt.datetime | None]
+    delivered_at: Mapped[dt.datetime | None]
     celery_task_id: Mapped[str | None] = mapped_column(String(64))
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     lease_until: Mapped[dt.datetime | None]

@@ -81,6 +81,12 @@ class RunDelivery:
                 await self.messenger.post(self.place, self.renderer.notice(notice))
             except Exception:
                 logger.error("could not tell the thread that run %s's report failed", self.run_id, exc_info=True)
+        await asyncio.to_thread(self._mark_delivered, progress.attempt)
+
+    def _mark_delivered(self, attempt: int) -> None:
+        with self.sessions.begin() as session:
+            session.execute(update(Run).where(Run.id == self.run_id, Run.attempt == attempt)
+                            .values(delivered_at=utcnow(), lease_owner=None, lease_until=None))
 
     def _load_for_delivery(self, attempt: int) -> tuple[Report | None, list[dict[str, Any]]]:
         with self.sessions.begin() as session:

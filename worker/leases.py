@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from collections.abc import Collection
 
 from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from storage.models import Run, utcnow
+from storage.models import Conversation, Run, utcnow
 from worker.queue import ADMITTED, RESUBMITTED, START_GRACE_SECONDS, TASK_BY_MODE, SendTask
 
 
@@ -32,18 +33,23 @@ def take_lease(sessions: sessionmaker[Session], run_id: int, owner: str, lease_s
         return run.attempt
 
 
-def renew_lease(sessions: sessionmaker[Session], run_id: int, attempt: int, lease_seconds: float) -> bool:
-    """Extend our lease; False when the run has passed to another attempt (or ended)."""
+def renew_lease(sessions: sessionmaker[Session], run_id: int, attempt: int, owner: str, lease_seconds: float) -> bool:
+    """Extend our lease; False when the run has passed to another attempt, been reaped, or ended."""
     with sessions.begin() as session:
         return bool(session.execute(
-            update(Run).where(Run.id == run_id, Run.attempt == attempt, Run.state == "running")
+            update(Run).where(Run.id == run_id, Run.attempt == attempt, Run.lease_owner == owner, Run.state == "running")
             .values(lease_until=utcnow() + dt.timedelta(seconds=lease_seconds))
         ).rowcount)
 
 
-def holds_attempt(session: Session, run_id: int, attempt: int) -> bool:
-    """Whether `attempt` is still the run's current one (every write, edit and post asks)."""
-    return session.scalar(select(Run.attempt).where(Run.id == run_id)) == attempt
+def holds_attempt(session: Session, run_id: int, attempt: int, *, lock: bool = False) -> bool:
+    """Whether `attempt` is still the run's current one (every write, edit and post asks).
+
+    With `lock`, the row stays locked until the session commits (PostgreSQL), so a new attempt
+    cannot start between this check and the write that follows it.
+    """
+    query = select(Run.attempt).where(Run.id == run_id)
+    return session.scalar(query.with_for_update() if lock else query) == attempt
 
 
 def reap(sessions: sessionmaker[Session], send_task: SendTask, now: dt.datetime | None = None) -> list[int]:
@@ -56,6 +62,12 @@ def reap(sessions: sessionmaker[Session], send_task: SendTask, now: dt.datetime 
                               and_(Run.lease_until.is_not(None), Run.lease_until < now))
             .order_by(Run.id))
         for run in expired:
+            if run.attempt >= MAX_ATTEMPTS:
+                run.state, run.finished_at = "failed", now
+                run.lease_owner, run.lease_until = None, None
+                run.error = (f"The run was interrupted {run.attempt} times (its workers stopped) and was given up; "
+                             "what it found is kept.")
+                continue
             claimed = session.execute(
                 update(Run).where(Run.id == run.id, Run.lease_until == run.lease_until)
                 .values(lease_owner=RESUBMITTED, lease_until=now + dt.timedelta(seconds=START_GRACE_SECONDS),
@@ -67,6 +79,35 @@ def reap(sessions: sessionmaker[Session], send_task: SendTask, now: dt.datetime 
     for run_id, mode, task_id in resubmitted:
         send_task(TASK_BY_MODE[mode], run_id, task_id)
     return [run_id for run_id, _, _ in resubmitted]
+
+
+MAX_ATTEMPTS = 3
+# A finished run whose report is still undelivered this long after it ended lost its worker mid-delivery.
+DELIVERY_GRACE_SECONDS = 300
+DELIVERING = "delivering"
+
+
+def claim_undelivered(sessions: sessionmaker[Session], platforms: Collection[str], lease_seconds: float,
+                      now: dt.datetime | None = None) -> list[int]:
+    """Finished runs on these platforms whose delivery never completed, claimed for delivery by the caller."""
+    now = now or utcnow()
+    claimed: list[int] = []
+    with sessions.begin() as session:
+        candidates = session.scalars(
+            select(Run).join(Conversation)
+            .where(Run.state.in_(("done", "failed", "cancelled", "timed_out")), Run.delivered_at.is_(None),
+                   Run.status_message.is_not(None), Conversation.platform.in_(list(platforms)),
+                   Run.finished_at < now - dt.timedelta(seconds=DELIVERY_GRACE_SECONDS),
+                   or_(Run.lease_until.is_(None), Run.lease_until < now))
+            .order_by(Run.id).limit(20))
+        for run in candidates:
+            if session.execute(
+                update(Run).where(Run.id == run.id, Run.delivered_at.is_(None),
+                                  or_(Run.lease_until.is_(None), Run.lease_until < now))
+                .values(lease_owner=DELIVERING, lease_until=now + dt.timedelta(seconds=lease_seconds))
+            ).rowcount:
+                claimed.append(run.id)
+    return claimed
 
 
 def worker_identity() -> str:

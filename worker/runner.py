@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,7 @@ logger = logging.getLogger(__name__)
 OnState = Callable[[RunProgress], Awaitable[None]]
 TERMINAL_STATE_OF_EVENT = {"complete": "done", "aborted": "cancelled", "error": "failed"}
 HISTORY_MESSAGES = 20
+LEASE_LOST = "lease lost"
 MAX_HISTORY_REPLY_CHARS = 6_000
 
 
@@ -72,7 +74,7 @@ class RunRecorder:
 
     async def __call__(self, event: Any) -> None:
         with self.sessions.begin() as session:
-            if not holds_attempt(session, self.run_id, self.attempt):
+            if not holds_attempt(session, self.run_id, self.attempt, lock=True):
                 return
             session.add(Event(run_id=self.run_id, seq=event.seq, type=event.type, phase=event.phase,
                               payload=event.model_dump(mode="json", exclude={"seq", "type", "phase", "at"}), at=event.at))
@@ -164,9 +166,9 @@ def _finish(sessions: sessionmaker[Session], run_id: int, attempt: int, final_st
             report: Report | None, error: str | None, reply_text: str | None, cancelled_by: str | None = None) -> bool:
     """Store the outcome unless a newer attempt owns the run; returns whether it was stored."""
     with sessions.begin() as session:
-        run = session.get(Run, run_id)
-        if run is None or run.attempt != attempt:
+        if not holds_attempt(session, run_id, attempt, lock=True):
             return False
+        run = session.get(Run, run_id)
         run.lease_owner, run.lease_until = None, None
         _record_findings(session, run, state)
         run.state = final_state
@@ -189,12 +191,20 @@ def _finish(sessions: sessionmaker[Session], run_id: int, attempt: int, final_st
     return True
 
 
-async def _keep_lease(services: RunnerServices, run_id: int, attempt: int, cancel: CancelToken) -> None:
-    """Renew the lease every third of its length; a lost lease stops this (stale) attempt."""
+async def _keep_lease(services: RunnerServices, run_id: int, attempt: int, owner: str, cancel: CancelToken) -> None:
+    """Renew the lease every third of its length; a lost lease, or none renewed for a whole lease, stops this attempt."""
+    renewed_at = time.monotonic()
     while True:
         await asyncio.sleep(services.lease_seconds / 3)
-        if not await asyncio.to_thread(renew_lease, services.sessions, run_id, attempt, services.lease_seconds):
-            cancel.cancel("lease lost")
+        try:
+            held = await asyncio.to_thread(renew_lease, services.sessions, run_id, attempt, owner, services.lease_seconds)
+        except Exception:  # a busy database: try again, but never outlive the lease unnoticed
+            logger.warning("could not renew the lease of run %s", run_id, exc_info=True)
+            held = time.monotonic() - renewed_at < services.lease_seconds
+        else:
+            renewed_at = time.monotonic() if held else renewed_at
+        if not held:
+            cancel.cancel(LEASE_LOST)
             return
 
 
@@ -205,10 +215,31 @@ async def execute(run_id: int, on_state: OnState | None, *, services: RunnerServ
     Returns None without doing anything when the run has ended or another attempt holds it.
     Raises LookupError when the run does not exist.
     """
-    started = _start(services.sessions, run_id, owner or worker_identity(), services.lease_seconds)
+    owner = owner or worker_identity()
+    started = _start(services.sessions, run_id, owner, services.lease_seconds)
     if started is None:
         return None
     run, first_seq = started
+    try:
+        return await _execute_started(run, first_seq, owner, on_state, services=services, cancel=cancel)
+    except Exception as error:
+        # Whatever broke outside the engine, the run ends in a stored state that says so.
+        logger.error("run %s failed outside the engine", run.id, exc_info=True)
+        _mark_failed(services.sessions, run.id, run.attempt, f"Internal error ({type(error).__name__}); what was "
+                                                              "gathered is kept.")
+        raise
+
+
+def _mark_failed(sessions: sessionmaker[Session], run_id: int, attempt: int, reason: str) -> None:
+    with sessions.begin() as session:
+        run = session.get(Run, run_id)
+        if run is not None and run.attempt == attempt and not run.finished:
+            run.state, run.error, run.finished_at = "failed", reason, utcnow()
+            run.lease_owner, run.lease_until = None, None
+
+
+async def _execute_started(run: Run, first_seq: int, owner: str, on_state: OnState | None, *,
+                           services: RunnerServices, cancel: CancelToken | None) -> RunProgress | None:
     recorder = RunRecorder(services.sessions, run, on_state)
     recorder.progress = recorder.progress.model_copy(update={"last_seq": first_seq - 1})
     cancel = cancel or CancelToken()
@@ -234,14 +265,14 @@ async def execute(run_id: int, on_state: OnState | None, *, services: RunnerServ
     hard_deadline = options.max_seconds + services.hard_deadline_grace_seconds
     timed_out = False
     report: Report | None = None
-    lease_keeper = asyncio.create_task(_keep_lease(services, run.id, run.attempt, cancel))
+    lease_keeper = asyncio.create_task(_keep_lease(services, run.id, run.attempt, owner, cancel))
     try:
         report = await asyncio.wait_for(work, timeout=hard_deadline)
     except TimeoutError:
         timed_out = True
     finally:
         lease_keeper.cancel()
-    if cancel.cancelled_by == "lease lost":
+    if cancel.cancelled_by == LEASE_LOST:
         logger.warning("run %s attempt %s lost its lease; another attempt owns it", run.id, run.attempt)
         return None
 

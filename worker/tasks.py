@@ -83,8 +83,9 @@ def _start_reaper(**_: object) -> None:
     runtime().start_reaper()
 
 
-@signals.worker_shutting_down.connect
-def _stop_reaper(**_: object) -> None:
+@signals.worker_shutdown.connect
+def _stop_runtime(**_: object) -> None:
+    # worker_shutdown comes after running tasks have drained, so no run loses its CPU pool mid-way.
     if _runtime is not None:
         _runtime.stop()
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from bot.conversation import commands
@@ -28,6 +29,7 @@ from worker.queue import Queue
 logger = logging.getLogger(__name__)
 
 IN_FLIGHT = ("queued", "running")
+REVISION_MARKER = "\n\nChanges requested: "
 APPROVAL_EMOJI = frozenset({"white_check_mark", "heavy_check_mark", "+1", "✅", "👍"})
 COMMAND_MODES: dict[str, Mode] = {"research": "research", "plan": "plan", "ask": "chat"}
 
@@ -141,8 +143,15 @@ class ConversationCore:
                      mode: str | None = None) -> Outcome:
         """Store the run, post its status message in the thread, then submit it."""
         run_mode = mode or request.mode
-        run_id = await asyncio.to_thread(self._store_run, event, thread, request, run_mode, plan, history or [],
-                                         {**request.options, **(extra_options or {})})
+        try:
+            run_id = await asyncio.to_thread(self._store_run, event, thread, request, run_mode, plan, history or [],
+                                             {**request.options, **(extra_options or {})})
+        except IntegrityError:
+            # Another event started a run in this thread a moment ago (the one-in-flight index refused this one).
+            view = await asyncio.to_thread(self._thread, event.platform, event.workspace, event.channel, thread)
+            if view is None or view.active is None:
+                raise
+            return Outcome(replies=[busy_reply(view.active)], thread=thread)
         place = Place(platform=event.platform, workspace=event.workspace, channel=event.channel, thread=thread)
         progress = initial_progress(run_id=run_id, mode=run_mode, question=request.question, requested_by=event.user)
         status = await self.messenger.post(place, self.renderer.status(progress, now=_now()))
@@ -228,13 +237,14 @@ class ConversationCore:
             if last is not None and last.mode == "plan" and last.state == "done" and commands.is_approval(text):
                 return await self._run_plan(event, last)
             if last is not None and last.mode == "plan" and last.state == "done":
-                revision = Request(mode="plan", question=f"{last.question}\n\nChanges requested: {text}")
-                return await self._start(event, thread, revision)
+                return await self._revise_plan(event, last, text)
             if last is not None and commands.is_retry(text) and last.state in TERMINAL_STATES:
                 return await self._retry(event, last)
-            if last is not None and (commands.is_continue(text) or deeper is not None) and last.mode == "research":
-                question = deeper or last.question
-                return await self._start(event, thread, commands.parse_request(question, "research"))
+            if report_run is not None and (commands.is_continue(text) or deeper is not None):
+                question = deeper or report_run.question
+                request = commands.parse_request(question, "research")
+                return await self._start(event, thread, request.model_copy(
+                    update={"options": {**_carried_options(report_run), **request.options}}))
             if report_run is not None and deeper is None:
                 request = commands.parse_request(text, "chat")
                 return await self._start(event, thread, request, mode="followup",
@@ -243,13 +253,29 @@ class ConversationCore:
         except UsageProblem as problem:
             return Outcome(replies=[Reply(text=str(problem), private=True)])
 
+    def _may_approve(self, user: str, plan_run: Run) -> bool:
+        return user == plan_run.requested_by or user in self.settings.admins
+
     async def _run_plan(self, event: ChatEvent, plan_run: Run) -> Outcome:
+        if not self._may_approve(event.user, plan_run):
+            return Outcome(replies=[Reply(private=True, text="Only the person who asked for this plan can approve it.")])
         plan = (plan_run.report_json or {}).get("plan")
         if not plan:
             return Outcome(replies=[Reply(text="That plan has no steps to run; ask for a new plan.", private=True)])
-        original = plan_run.question.split("\n\nChanges requested:", 1)[0]
-        return await self._start(event, await asyncio.to_thread(self._thread_id, plan_run), Request(mode="research", question=original),
-                                 plan=plan)
+        original = plan_run.question.split(REVISION_MARKER, 1)[0]
+        request = Request(mode="research", question=original, options=_carried_options(plan_run))
+        return await self._start(event, await asyncio.to_thread(self._thread_id, plan_run), request, plan=plan)
+
+    async def _revise_plan(self, event: ChatEvent, plan_run: Run, text: str) -> Outcome:
+        """A new plan with the requested changes; raises UsageProblem for an empty or too long request."""
+        changes = commands.parse_request(text, "plan")
+        question = f"{plan_run.question}{REVISION_MARKER}{changes.question}"
+        if len(question) > commands.MAX_QUESTION_CHARS * 2:
+            raise UsageProblem("This plan has been revised too much to revise again; please start a new /plan "
+                               "with the whole question.")
+        options = {**_carried_options(plan_run), **changes.options}
+        thread = await asyncio.to_thread(self._thread_id, plan_run)
+        return await self._start(event, thread, Request(mode="plan", question=question, options=options))
 
     async def _retry(self, event: ChatEvent, run: Run) -> Outcome:
         request = Request(mode="chat" if run.mode == "followup" else run.mode, question=run.question,
@@ -266,7 +292,14 @@ class ConversationCore:
     async def _cancel(self, event: ChatEvent, run: Run) -> Outcome:
         if not self._may_cancel(event.user, run):
             return Outcome(replies=[not_allowed_reply(run)])
-        await asyncio.to_thread(self.queue.cancel, run.id, event.user)
+        state = await asyncio.to_thread(self.queue.cancel, run.id, event.user)
+        if state == "cancelled" and run.status_message:
+            # A queued run never reaches a worker, so its status message is ended here.
+            stopped = initial_progress(run_id=run.id, mode=run.mode, question=run.question,
+                                       requested_by=run.requested_by).model_copy(
+                update={"state": "cancelled", "cancelled_by": event.user})
+            await self.messenger.edit(MessageRef.model_validate(run.status_message),
+                                      self.renderer.status(stopped, now=_now()))
         return Outcome(cancelled_run_id=run.id)
 
     def _run_by_status_message(self, event: ChatEvent) -> Run | None:
@@ -289,8 +322,6 @@ class ConversationCore:
                 return Outcome()
             return await self._cancel(event, run)
         if event.reaction in APPROVAL_EMOJI and run.mode == "plan" and run.state == "done":
-            if event.user != run.requested_by and event.user not in self.settings.admins:
-                return Outcome(replies=[Reply(private=True, text="Only the person who asked for this plan can approve it.")])
             view = await asyncio.to_thread(self._thread_of, run)
             if view is not None and view.active is not None:
                 return Outcome(replies=[busy_reply(view.active)])
@@ -325,7 +356,7 @@ class ConversationCore:
             return await self._retry(event, run)
         if event.action == "continue":
             return await self._start(event, await asyncio.to_thread(self._thread_id, run),
-                                     Request(mode="research", question=run.question))
+                                     Request(mode="research", question=run.question, options=_carried_options(run)))
         return Outcome()
 
     async def _export(self, event: ChatEvent, run: Run) -> Outcome:
@@ -338,6 +369,11 @@ class ConversationCore:
                                                       data=render_markdown(report).encode("utf-8"),
                                                       title=report.title[:200]))
         return Outcome()
+
+
+def _carried_options(run: Run) -> dict[str, Any]:
+    """The requester's narrowing (since, sites, preset) that a follow-on run keeps."""
+    return {key: value for key, value in (run.options or {}).items() if key in ("since", "sites", "preset")}
 
 
 def _now() -> dt.datetime:

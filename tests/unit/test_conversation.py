@@ -281,3 +281,58 @@ def test_export_uploads_the_report_as_markdown(world: World) -> None:
     world.handle(kind="action", action="export", action_run_id=run_id, thread=thread)
     place, upload = world.messenger.uploads[0]
     assert place.thread == thread and upload.filename.endswith(".md") and b"# t" in upload.data
+
+
+# -- rules found by review -------------------------------------------------------------------------
+
+def test_an_approved_plan_keeps_the_requester_s_options(world: World) -> None:
+    outcome = world.handle(kind="command", command="plan", text="How do tidal turbines work? --site noaa.gov --since 2024-01-01")
+    plan = {"query": "q", "key_questions": ["A?"], "search_strategy": [{"query": "a"}], "deliverable": "d"}
+    world.finish(outcome.run_id, report=Report(title="plan", mode="plan", body_markdown="…", plan=plan))
+    research_run = world.run(world.handle(kind="message", text="go", thread=outcome.thread, message_id="y1").run_id)
+    assert research_run.options == {"sites": ["noaa.gov"], "since": "2024-01-01"}
+
+
+def test_only_the_requester_or_an_admin_may_approve_a_plan_by_reply(world: World) -> None:
+    _, thread = plan_thread(world)
+    refused = world.handle(kind="message", text="go", user=BOB, thread=thread, message_id="y2")
+    assert refused.run_id is None and refused.replies[0].private
+    assert world.run(world.handle(kind="message", text="go", user=ADMIN, thread=thread, message_id="y3").run_id).mode == "research"
+
+
+def test_dig_deeper_after_a_follow_up_starts_research_not_chat(world: World) -> None:
+    run_id, thread = finished_research(world)
+    follow_up = world.handle(kind="message", text="What about lakes?", thread=thread, message_id="y4").run_id
+    world.finish(follow_up, report=Report(title="t", mode="followup", body_markdown="b"))
+    deeper = world.run(world.handle(kind="message", text="dig deeper", thread=thread, message_id="y5").run_id)
+    assert (deeper.mode, deeper.question) == ("research", "Why is the sea salty?")
+
+
+def test_a_plan_revision_is_checked_like_any_request(world: World) -> None:
+    _, thread = plan_thread(world)
+    too_long = world.handle(kind="message", text="focus " * 500, thread=thread, message_id="y6")
+    assert too_long.run_id is None and "limit" in too_long.replies[0].text
+
+
+def test_cancelling_a_queued_run_ends_its_status_message(world: World) -> None:
+    research(world, "first question")
+    second = world.handle(kind="command", command="research", text="second question")
+    world.handle(kind="reaction", reaction="x", message_id=world.status_id(second.run_id))
+    ref, content = world.messenger.edits[-1]
+    assert ref.message_id == world.status_id(second.run_id)
+    assert "Stopped" in content.text and "<@U0ALICE01>" in content.text
+
+
+def test_two_events_at_once_start_only_one_run_in_a_thread(world: World) -> None:
+    plan_id, thread = plan_thread(world)
+
+    async def both():
+        go = ChatEvent(platform="slack", workspace="T1", channel="C1", user=ALICE, kind="message", text="go",
+                       thread=thread, message_id="y7")
+        approve = ChatEvent(platform="slack", workspace="T1", channel="C1", user=ALICE, kind="reaction",
+                            reaction="white_check_mark", message_id=world.status_id(plan_id))
+        return await asyncio.gather(world.core.handle(go), world.core.handle(approve))
+
+    outcomes = asyncio.run(both())
+    assert sum(outcome.run_id is not None for outcome in outcomes) == 1
+    assert sum(bool(outcome.replies) for outcome in outcomes) == 1

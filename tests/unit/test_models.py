@@ -124,6 +124,7 @@ def test_same_ids_are_allowed_in_different_runs(session_factory: sessionmaker[Se
     with session_factory() as session:
         first = make_run(session)
         add_gathered_rows(session, first)
+        first.state = "done"
         second = Run(conversation=first.conversation, workspace="T1", mode="research", question="q2", requested_by="U1")
         session.add(second)
         add_gathered_rows(session, second)
@@ -158,3 +159,16 @@ def test_sqlite_runs_with_foreign_keys_and_busy_timeout(tmp_path) -> None:
         assert connection.execute(text("PRAGMA busy_timeout")).scalar() == 30000
         assert connection.execute(text("PRAGMA journal_mode")).scalar() == "wal"
     engine.dispose()
+
+
+def test_a_conversation_holds_at_most_one_run_in_flight(session_factory: sessionmaker[Session]) -> None:
+    with session_factory() as session:
+        first = make_run(session)
+        session.add(Run(conversation=first.conversation, workspace="T1", mode="chat", question="q2", requested_by="U1"))
+        with pytest.raises(IntegrityError):
+            session.flush()
+        session.rollback()
+        first = make_run(session)
+        first.state = "done"
+        session.add(Run(conversation=first.conversation, workspace="T1", mode="chat", question="q2", requested_by="U1"))
+        session.flush()
