@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import Executor
@@ -68,6 +69,7 @@ class ResearchTools:
     resolver: Resolver
     fetch_config: FetchConfig = field(default_factory=FetchConfig)
     fetch_transport: httpx.AsyncBaseTransport | None = None
+    fetch_ssl_context: ssl.SSLContext | None = None
     limiter: RateLimiter | None = None
     breaker: CircuitBreaker | None = None
     ddgs_search: Callable[..., Any] | None = None
@@ -263,7 +265,7 @@ async def _research(run: _Run, question: str, plan: Any, context: str | None,
     router = build_router(search_config, http=tools.search_http, emit=run.sink, limiter=tools.limiter,
                           breaker=tools.breaker, ddgs_search=tools.ddgs_search)
     budget.searches_used = lambda: router.total_calls
-    fetch_client = build_fetch_client(tools.fetch_config, tools.fetch_transport)
+    fetch_client = build_fetch_client(tools.fetch_config, tools.fetch_transport, ssl_context=tools.fetch_ssl_context)
     fetcher = SafeFetcher(fetch_client, tools.resolver, tools.fetch_config, fetch_budget)
     today = tools.today()
     try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 import zlib
 from collections.abc import AsyncIterator
@@ -218,10 +219,12 @@ class BoundedDecoder:
         return decoded
 
 
-def build_fetch_client(config: FetchConfig, transport: httpx.AsyncBaseTransport | None = None) -> httpx.AsyncClient:
+def build_fetch_client(config: FetchConfig, transport: httpx.AsyncBaseTransport | None = None, *,
+                       ssl_context: ssl.SSLContext | None = None) -> httpx.AsyncClient:
     """Build the HTTP client the fetcher expects: no proxies from the environment, no redirects, no cookies kept."""
     return httpx.AsyncClient(
         transport=transport,
+        verify=ssl_context if ssl_context is not None else True,
         trust_env=False,
         follow_redirects=False,
         cookies=httpx.Cookies(CookieJar(policy=DefaultCookiePolicy(allowed_domains=[]))),

@@ -65,11 +65,11 @@ class RunDelivery:
         await self.editor.update(progress)
 
     async def finish(self, progress: RunProgress) -> None:
-        """The final status edit, then the report (if the run has one), each exactly once."""
-        try:
-            await self.editor.close(progress)
-        except Exception:  # the report matters more than the last status edit
-            logger.warning("final status edit failed for run %s", self.run_id, exc_info=True)
+        """The report (if the run has one), then the final status edit, each exactly once.
+
+        The report goes first: posting is not drawn from the workspace's edit budget, so a busy
+        workspace delays only the status message, never the answer.
+        """
         try:
             await self.deliver_report(progress.attempt)
         except Exception as error:  # nothing may be dropped silently: say so in the thread
@@ -81,6 +81,10 @@ class RunDelivery:
                 await self.messenger.post(self.place, self.renderer.notice(notice))
             except Exception:
                 logger.error("could not tell the thread that run %s's report failed", self.run_id, exc_info=True)
+        try:
+            await self.editor.close(progress)
+        except Exception:  # the report is out; a failed last edit is logged, not fatal
+            logger.warning("final status edit failed for run %s", self.run_id, exc_info=True)
         await asyncio.to_thread(self._mark_delivered, progress.attempt)
 
     def _mark_delivered(self, attempt: int) -> None:

@@ -110,6 +110,18 @@ def claim_undelivered(sessions: sessionmaker[Session], platforms: Collection[str
     return claimed
 
 
+def fail_unstartable(sessions: sessionmaker[Session], run_id: int, reason: str, now: dt.datetime | None = None) -> bool:
+    """End a run that no worker here can start (nobody holds a live lease on it) as failed, with the reason."""
+    now = now or utcnow()
+    with sessions.begin() as session:
+        return bool(session.execute(
+            update(Run).where(Run.id == run_id, Run.state.in_(("queued", "running")),
+                              or_(Run.lease_until.is_(None), Run.lease_until < now,
+                                  Run.lease_owner.in_((ADMITTED, RESUBMITTED))))
+            .values(state="failed", error=reason, finished_at=now, lease_owner=None, lease_until=None)
+        ).rowcount)
+
+
 def worker_identity() -> str:
     """A name for this worker thread's leases, unique across machines and restarts."""
     import os

@@ -6,23 +6,28 @@ import asyncio
 import datetime as dt
 import logging
 import os
+import ssl
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
+
+import httpx
+from sqlalchemy import Engine, select
+from sqlalchemy.engine import make_url
 
 from bot.messenger.base import Messenger, MessageRef
 from bot.render.base import PlatformRenderer
-from bot.render.state import initial_progress
+from bot.render.state import initial_progress, progress_of_stored_run
 from config import Settings
 from research.budget import CancelToken
 from research.cpu import cpu_pool
 from research.providers.base import SearchConfig
-from storage.db import make_engine, make_session_factory
-from storage.models import Run
+from storage.db import make_engine, make_session_factory, normalise_url
+from storage.models import Event, Run
 from storage.redis import connect, resolve_redis_url
 from storage.shared_limits import CancelFlags, EditBucket, RedisCircuitBreaker, RedisRateLimiter, connect_async
 from worker.delivery import RunDelivery
-from worker.leases import reap, worker_identity
+from worker.leases import claim_undelivered, fail_unstartable, reap, worker_identity
 from worker.queue import Limits, Queue, SendTask
 from worker.runner import RunnerServices, execute
 from worker.toolkit import build_research_tools, research_options
@@ -45,6 +50,24 @@ def slack_platform(settings: Settings) -> tuple[Messenger, PlatformRenderer]:
 PLATFORMS: dict[str, PlatformFactory] = {"slack": slack_platform}
 
 
+def worker_engine(settings: Settings) -> Engine:
+    """The worker process's database engine, with a pooled connection for every run in flight."""
+    url = make_url(normalise_url(settings.database_url))
+    if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
+        return make_engine(settings.database_url)  # one shared connection (StaticPool): no pool to size
+    # SQLAlchemy's default pool (5 + 10 overflow) would make runs beyond 15 wait for a connection, SQLite files too.
+    return make_engine(settings.database_url, pool_size=settings.worker_concurrency + 4)
+
+
+def shared_ssl_context() -> ssl.SSLContext:
+    """The TLS context every run's HTTP clients share (httpx's default trust store).
+
+    Building one loads a CA bundle, about 20 ms of CPU and 1 MiB; three per run (search, LLM,
+    fetcher) made 50 runs starting together queue for the CPU for seconds.
+    """
+    return httpx.create_ssl_context()
+
+
 class WorkerRuntime:
     """Shared by every run in one worker process (runs execute in threads, each with its own loop)."""
 
@@ -52,13 +75,12 @@ class WorkerRuntime:
         self.settings = settings
         self.redis_url = resolve_redis_url(settings.redis_url, settings.data_dir)
         self.redis = connect(self.redis_url)
-        self.sessions = make_session_factory(make_engine(settings.database_url, pool_size=settings.worker_concurrency + 4)
-                                             if not settings.database_url.startswith("sqlite")
-                                             else make_engine(settings.database_url))
+        self.sessions = make_session_factory(worker_engine(settings))
         self.queue = Queue(self.sessions, self.redis, Limits(settings.max_runs_per_user, settings.max_runs_per_workspace),
                            send_task)
         self.send_task = send_task
         self.cpu_pool = cpu_pool(cpu_workers or min(2, os.cpu_count() or 1))
+        self.ssl_context = shared_ssl_context()
         self._stopping = threading.Event()
         self._reaper: threading.Thread | None = None
 
@@ -74,18 +96,28 @@ class WorkerRuntime:
                 logger.warning("admission after run %s failed", run_id, exc_info=True)
 
     async def _run(self, run_id: int) -> None:
+        try:
+            delivery_check = self._delivery_factory(run_id)
+        except (LookupError, ValueError) as error:
+            # This worker can never run it (no Slack token, say): end it with the reason instead of retrying forever.
+            await asyncio.to_thread(fail_unstartable, self.sessions, run_id, f"The worker cannot start this run: {error}")
+            return
         settings = self.settings
         aredis = connect_async(self.redis_url)
         search = SearchConfig()
+        llm_http = httpx.AsyncClient(verify=self.ssl_context, timeout=httpx.Timeout(60.0))
         tools = build_research_tools(
             settings, cpu_pool=self.cpu_pool,
             limiter=RedisRateLimiter(aredis, search.min_interval_seconds),
             breaker=RedisCircuitBreaker(aredis, failure_threshold=search.breaker_failure_threshold,
                                         cooldown=search.breaker_cooldown_seconds),
+            llm_http=llm_http,
+            search_http=httpx.AsyncClient(timeout=httpx.Timeout(20.0), trust_env=True, verify=self.ssl_context),
         )
+        tools.fetch_ssl_context = self.ssl_context
         cancel = CancelToken()
-        watcher = asyncio.create_task(cancel.watch(CancelFlags(aredis).reader(run_id), interval=0.25))
-        delivery = self._delivery(run_id, aredis)
+        watcher = asyncio.create_task(cancel.watch(self._cancel_reader(aredis, run_id), interval=0.25))
+        delivery = self._delivery(run_id, aredis, delivery_check)
         try:
             services = RunnerServices(sessions=self.sessions, tools=tools, options=research_options(settings),
                                       hard_deadline_grace_seconds=settings.worker_deadline_grace_seconds,
@@ -98,20 +130,58 @@ class WorkerRuntime:
                 await delivery.finish(final)
         finally:
             watcher.cancel()
-            await tools.llm.aclose()
+            await llm_http.aclose()  # ours, not the LLM client's, so its aclose() leaves it open
             await tools.search_http.aclose()
             await aredis.aclose()
 
-    def _delivery(self, run_id: int, aredis: Any) -> RunDelivery | None:
+    def _delivery_factory(self, run_id: int) -> tuple[Messenger, PlatformRenderer] | None:
+        """The run's platform messenger and renderer (None: a platform with no delivery, like the terminal);
+        raises LookupError when the platform is not configured here."""
         with self.sessions() as session:
             run = session.get(Run, run_id)
             platform = run.conversation.platform if run is not None else None
         factory = PLATFORMS.get(platform or "")
-        if factory is None:
+        return factory(self.settings) if factory is not None else None
+
+    def _delivery(self, run_id: int, aredis: Any, parts: tuple[Messenger, PlatformRenderer] | None) -> RunDelivery | None:
+        if parts is None:
             return None
-        messenger, renderer = factory(self.settings)
+        messenger, renderer = parts
         bucket = EditBucket(aredis, capacity=self.settings.status_edits_per_minute)
         return RunDelivery(self.sessions, run_id, messenger=messenger, renderer=renderer, bucket=bucket)
+
+    def _cancel_reader(self, aredis: Any, run_id: int) -> Callable[[], Awaitable[str | None]]:
+        """Who stopped the run: the Redis flag, or the run row when Redis cannot be read."""
+        flags = CancelFlags(aredis)
+
+        def from_row() -> str | None:
+            with self.sessions() as session:
+                return session.scalar(select(Run.cancelled_by).where(Run.id == run_id))
+
+        async def cancelled_by() -> str | None:
+            try:
+                return await flags.get(run_id)
+            except Exception:
+                logger.warning("cancel flag unreadable in Redis for run %s; reading the run row", run_id)
+                return await asyncio.to_thread(from_row)
+
+        return cancelled_by
+
+    async def resume_delivery(self, run_id: int) -> None:
+        """Deliver a finished run whose worker stopped before its report and final status went out."""
+        parts = self._delivery_factory(run_id)
+        aredis = connect_async(self.redis_url)
+        try:
+            delivery = self._delivery(run_id, aredis, parts)
+            if delivery is None:
+                return
+            with self.sessions() as session:
+                run = session.get(Run, run_id)
+                final = progress_of_stored_run(run, session.scalars(select(Event).where(Event.run_id == run_id)
+                                                                    .order_by(Event.seq)))
+            await delivery.finish(final)
+        finally:
+            await aredis.aclose()
 
     async def refresh_waiting(self) -> None:
         """Show each waiting run's current place in the queue in its status message."""
@@ -139,6 +209,8 @@ class WorkerRuntime:
                 try:
                     reap(self.sessions, self.send_task)
                     self.queue.admit()
+                    for run_id in claim_undelivered(self.sessions, PLATFORMS, self.settings.worker_lease_seconds):
+                        asyncio.run(self.resume_delivery(run_id))
                 except Exception:
                     logger.warning("reaper pass failed", exc_info=True)
 

@@ -23,8 +23,7 @@ from bot.conversation.events import ChatEvent
 from bot.messenger.base import MessageRef
 from bot.messenger.console import ConsoleMessenger
 from bot.render.console import ConsoleRenderer
-from bot.render.state import RunProgress, apply_event, initial_progress
-from research.events import EventAdapter
+from bot.render.state import RunProgress, initial_progress, progress_of_stored_run
 from research.report import Report
 from storage.models import Event, Run
 
@@ -126,19 +125,13 @@ class TerminalChat:
     def _progress(self, run_id: int, progress: RunProgress) -> tuple[RunProgress, Run]:
         with self.sessions() as session:
             run = session.get(Run, run_id)
-            for row in session.scalars(select(Event).where(Event.run_id == run_id, Event.seq > progress.last_seq)
-                                       .order_by(Event.seq)):
-                event = EventAdapter.validate_python({**row.payload, "type": row.type, "phase": row.phase,
-                                                      "seq": row.seq, "at": row.at})
-                progress = apply_event(progress, event)
-            update: dict = {"started_at": run.started_at}
-            if run.finished:
-                update.update(state=run.state, error=run.error, cancelled_by=run.cancelled_by, partial=run.partial,
-                              partial_reason=run.partial_reason, finished_at=run.finished_at)
-            elif run.state == "queued":
-                update["queue_position"] = self.core.queue.position(run_id)
+            events = session.scalars(select(Event).where(Event.run_id == run_id, Event.seq > progress.last_seq)
+                                     .order_by(Event.seq))
+            progress = progress_of_stored_run(run, events, progress)
+            if run.state == "queued":
+                progress = progress.model_copy(update={"queue_position": self.core.queue.position(run_id)})
             session.expunge(run)
-            return progress.model_copy(update=update), run
+            return progress, run
 
 
 def _place(thread: str | None):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterable
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -120,4 +121,22 @@ def apply_event(progress: RunProgress, event: Any) -> RunProgress:
         update.update(state="cancelled")
     elif kind == "error":
         update.update(state="failed", error=event.message)
+    return progress.model_copy(update=update)
+
+
+def progress_of_stored_run(run: Any, events: Iterable[Any], progress: RunProgress | None = None) -> RunProgress:
+    """A stored run's progress: `progress` (or a fresh one) with the stored `events` after it folded in,
+    and the run row's final state when it has ended."""
+    from research.events import EventAdapter
+
+    progress = progress or initial_progress(run_id=run.id, mode=run.mode, question=run.question,
+                                            requested_by=run.requested_by, attempt=run.attempt)
+    for row in events:
+        if row.seq > progress.last_seq:
+            progress = apply_event(progress, EventAdapter.validate_python(
+                {**row.payload, "type": row.type, "phase": row.phase, "seq": row.seq, "at": row.at}))
+    update: dict[str, Any] = {"started_at": run.started_at, "attempt": run.attempt}
+    if run.state in ("done", "failed", "cancelled", "timed_out"):
+        update.update(state=run.state, error=run.error, cancelled_by=run.cancelled_by, partial=run.partial,
+                      partial_reason=run.partial_reason, finished_at=run.finished_at)
     return progress.model_copy(update=update)

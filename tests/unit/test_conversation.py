@@ -323,7 +323,14 @@ def test_cancelling_a_queued_run_ends_its_status_message(world: World) -> None:
     assert "Stopped" in content.text and "<@U0ALICE01>" in content.text
 
 
-def test_two_events_at_once_start_only_one_run_in_a_thread(world: World) -> None:
+def test_two_events_at_once_start_only_one_run_in_a_thread(tmp_path) -> None:
+    from storage.db import make_engine, make_session_factory
+    from storage.models import Base
+
+    # A file database: each thread gets its own connection, as in production (in-memory SQLite shares one).
+    engine = make_engine(f"sqlite:///{tmp_path}/races.db")
+    Base.metadata.create_all(engine)
+    world = World(make_session_factory(engine))
     plan_id, thread = plan_thread(world)
 
     async def both():
