@@ -242,6 +242,9 @@ async def _execute_started(run: Run, first_seq: int, owner: str, on_state: OnSta
                            services: RunnerServices, cancel: CancelToken | None) -> RunProgress | None:
     recorder = RunRecorder(services.sessions, run, on_state)
     recorder.progress = recorder.progress.model_copy(update={"last_seq": first_seq - 1})
+    if on_state is not None:
+        # The status message leaves "queued" as soon as a worker holds the run, before the engine starts.
+        await on_state(recorder.progress)
     cancel = cancel or CancelToken()
     state = engine.ResearchState()
     options = options_for_run(services.options, run.options or {})
