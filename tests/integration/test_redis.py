@@ -14,6 +14,7 @@ pytestmark = pytest.mark.integration
 
 def test_embedded_redis_starts_answers_ping_and_is_shared_with_a_second_process(tmp_path) -> None:
     embedded = EmbeddedRedis(str(tmp_path / "data")).start()
+    embedded_url = embedded.url
     try:
         client = connect(embedded.url)
         assert client.ping() is True
@@ -33,8 +34,11 @@ def test_embedded_redis_starts_answers_ping_and_is_shared_with_a_second_process(
         assert seen == "first process"
         # The second process has exited: the server must still serve the first.
         assert client.get("written-by") == b"second process"
+        client.close()
     finally:
         embedded.stop()
+    with pytest.raises(redis.ConnectionError):
+        connect(embedded_url).ping()
 
 
 def test_embedded_redis_stops_when_its_last_holder_lets_go(tmp_path) -> None:
