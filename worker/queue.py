@@ -9,6 +9,7 @@ the queued rows are also locked with SKIP LOCKED.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -19,6 +20,8 @@ from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from storage.models import Run, utcnow
+
+logger = logging.getLogger(__name__)
 
 TASK_BY_MODE = {"research": "deepthread.research", "plan": "deepthread.plan", "chat": "deepthread.chat",
                 "followup": "deepthread.chat"}
@@ -67,10 +70,14 @@ class Queue:
 
     def admit(self) -> list[int]:
         """Send the tasks of the oldest queued runs the limits allow; returns their ids."""
-        with self.redis.lock(ADMISSION_LOCK, timeout=30, blocking_timeout=30):
+        # The lock outlives SQLite's 30 s busy timeout, so it cannot expire while admission still runs.
+        with self.redis.lock(ADMISSION_LOCK, timeout=120, blocking_timeout=60):
             admitted = self._admit_locked()
         for run_id, mode, task_id in admitted:
-            self.send_task(TASK_BY_MODE[mode], run_id, task_id)
+            try:
+                self.send_task(TASK_BY_MODE[mode], run_id, task_id)
+            except Exception:  # the reaper sends it again once its start grace has passed
+                logger.warning("could not send run %s to the workers", run_id, exc_info=True)
         return [run_id for run_id, _, _ in admitted]
 
     def _admit_locked(self) -> list[tuple[int, str, str]]:

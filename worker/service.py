@@ -188,8 +188,8 @@ class WorkerRuntime:
         for run_id, position in self.queue.waiting_runs():
             with self.sessions() as session:
                 run = session.get(Run, run_id)
-                if run is None or not run.status_message:
-                    continue
+                if run is None or not run.status_message or run.state != "queued" or run.celery_task_id is not None:
+                    continue  # admitted or ended since the list was read: its own status is more recent
                 factory = PLATFORMS.get(run.conversation.platform)
                 progress = initial_progress(run_id=run.id, mode=run.mode, question=run.question,
                                             requested_by=run.requested_by).model_copy(update={"queue_position": position})

@@ -39,7 +39,9 @@ class RedisEventDeduper:
     @classmethod
     def from_url(cls, redis_url: str, *, claim_seconds: int = CLAIM_SECONDS) -> "RedisEventDeduper":
         """A deduper on the Redis at `redis_url` (redis://, rediss:// or unix://)."""
-        return cls(redis.asyncio.Redis.from_url(redis_url), claim_seconds=claim_seconds)
+        # A short timeout: a stuck Redis must not hold the ack past Slack's 3 s (the deduper lets events through then).
+        return cls(redis.asyncio.Redis.from_url(redis_url, socket_timeout=0.5, socket_connect_timeout=0.5),
+                   claim_seconds=claim_seconds)
 
     async def first_delivery(self, event_id: str) -> bool:
         """Whether `event_id` was not claimed yet (claiming it); True when Redis cannot answer."""
