@@ -37,7 +37,15 @@ from research.events import (
 )
 from research.fetch import FetchBudget, FetchConfig, SafeFetcher, build_fetch_client
 from research.limits import CircuitBreaker, RateLimiter
-from research.llm import LLMAuthError, LLMClient, LLMError, LLMUnavailable, StructuredOutputError, UsageRecord
+from research.llm import (
+    LLMAuthError,
+    LLMClient,
+    LLMError,
+    LLMUnavailable,
+    StructuredOutputError,
+    UsageLedger,
+    UsageRecord,
+)
 from research.models import Document, FetchResult, Passage, SearchResult
 from research.netguard import Resolver
 from research.phases import decompose as decompose_phase
@@ -52,7 +60,7 @@ from research.plan import ResearchPlan, plan_as_decomposition, render_plan_markd
 from research.prompts import system_prompt
 from research.rank import rank_passages_for_queries
 from research.providers import NoSearchProviderError, SearchConfig, SearchRouter, build_router
-from research.report import ModelUsage, Report, UsageSummary, split_title
+from research.report import Report, UsageSummary, split_title
 from research.untrusted import fence_untrusted
 
 logger = logging.getLogger(__name__)
@@ -92,14 +100,14 @@ class ResearchState:
     report: Report | None = None
     phase_seconds: dict[str, float] = field(default_factory=dict)
     partial_reason: str | None = None
-    llm_usage: dict[str, ModelUsage] = field(default_factory=dict)
+    llm_usage: UsageLedger = field(default_factory=UsageLedger)
     search_calls: dict[str, int] = field(default_factory=dict)
     skipped_providers: dict[str, str] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
 
     @property
     def total_tokens(self) -> int:
-        return sum(usage.prompt_tokens + usage.completion_tokens for usage in self.llm_usage.values())
+        return self.llm_usage.total_tokens
 
     @property
     def counts(self) -> dict[str, int]:
@@ -114,17 +122,13 @@ class ResearchState:
         return {sid: (source.title, source.url) for sid, source in self.sources.items()}
 
     def record_usage(self, record: UsageRecord) -> None:
-        usage = self.llm_usage.setdefault(record.model, ModelUsage())
-        usage.calls += 1
-        usage.prompt_tokens += record.prompt_tokens
-        usage.completion_tokens += record.completion_tokens
-        usage.cost += record.cost
+        self.llm_usage.add(record)
 
     def usage_summary(self, fetch_budget: FetchBudget | None = None) -> UsageSummary:
         return UsageSummary(
-            llm={model: usage.model_copy() for model, usage in self.llm_usage.items()},
-            total_tokens=sum(u.prompt_tokens + u.completion_tokens for u in self.llm_usage.values()),
-            cost=round(sum(u.cost for u in self.llm_usage.values()), 6),
+            llm={model: usage.model_copy() for model, usage in self.llm_usage.by_model.items()},
+            total_tokens=self.llm_usage.total_tokens,
+            cost=round(self.llm_usage.cost, 6),
             search_calls=dict(self.search_calls),
             pages_fetched=sum(1 for result in self.fetches.values() if result.ok),
             bytes_fetched=fetch_budget.spent if fetch_budget else sum(r.bytes_read for r in self.fetches.values()),

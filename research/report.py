@@ -12,6 +12,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field
 
+from research.llm import ModelUsage
+
 STOPPED_BY_USER_LINE = "[Research stopped by user]"
 SNIPPET_LABEL = "search snippet"
 SEPARATOR = " · "
@@ -56,15 +58,6 @@ class AuditFigures(BaseModel):
     citations_removed: int = 0
     fabricated_removed: int = 0
     judged_by_llm: int = 0
-
-
-class ModelUsage(BaseModel):
-    """LLM calls and tokens spent on one model."""
-
-    calls: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cost: float = 0.0
 
 
 class UsageSummary(BaseModel):

@@ -101,3 +101,31 @@ class LoopbackServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class LoopbackFake:
+    """Start, stop and `with` for a fake whose ASGI app is `self.app`, served on 127.0.0.1."""
+
+    app: ASGIApp
+    _server: LoopbackServer | None = None
+
+    def start(self):  # type: ignore[no-untyped-def]
+        self._server = LoopbackServer(self.app).start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+    def __enter__(self):  # type: ignore[no-untyped-def]
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        if self._server is None:
+            raise RuntimeError(f"{type(self).__name__} is not started")
+        return self._server.url

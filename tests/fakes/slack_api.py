@@ -29,7 +29,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from tests.fakes.server import LoopbackServer, RecordedRequest, RequestLog
+from tests.fakes.server import LoopbackFake, LoopbackServer, RecordedRequest, RequestLog
 
 FAKE_TOKEN = "xoxb-fake-token"
 SECTION_TEXT_LIMIT = 3_000
@@ -193,7 +193,7 @@ def _decoded(key: str, value: Any) -> Any:
     return value
 
 
-class FakeSlack:
+class FakeSlack(LoopbackFake):
     """The Slack Web API methods a bot uses, answering in Slack's shapes, with scripted rate limits and errors."""
 
     def __init__(self, *, token: str = FAKE_TOKEN, team_id: str = "T0FAKE", bot_user_id: str = "U0BOT",
@@ -238,26 +238,6 @@ class FakeSlack:
 
     # --- lifecycle -------------------------------------------------------------------------------
 
-    def start(self) -> "FakeSlack":
-        self._server = LoopbackServer(self.app).start()
-        return self
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.stop()
-            self._server = None
-
-    def __enter__(self) -> "FakeSlack":
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    @property
-    def url(self) -> str:
-        if self._server is None:
-            raise RuntimeError("FakeSlack is not started")
-        return self._server.url
 
     @property
     def api_url(self) -> str:

@@ -30,7 +30,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from tests.fakes.server import LoopbackServer, free_port
+from tests.fakes.server import LoopbackFake, LoopbackServer, free_port
 from tests.fakes.slack_api import FakeSlack
 
 FORM = "application/x-www-form-urlencoded"
@@ -237,7 +237,7 @@ class CaughtResponse:
     at: float
 
 
-class ResponseUrlCatcher:
+class ResponseUrlCatcher(LoopbackFake):
     """A loopback server standing in for Slack's `response_url`s: records what the bot posts there and answers `ok`."""
 
     def __init__(self) -> None:
@@ -252,26 +252,6 @@ class ResponseUrlCatcher:
             self._caught.append(CaughtResponse(path=request.url.path, payload=payload, at=time.monotonic()))
         return PlainTextResponse("ok")
 
-    def start(self) -> "ResponseUrlCatcher":
-        self._server = LoopbackServer(self.app).start()
-        return self
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.stop()
-            self._server = None
-
-    def __enter__(self) -> "ResponseUrlCatcher":
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    @property
-    def url(self) -> str:
-        if self._server is None:
-            raise RuntimeError("ResponseUrlCatcher is not started")
-        return self._server.url
 
     def responses(self) -> list[CaughtResponse]:
         with self._lock:
