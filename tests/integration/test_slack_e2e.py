@@ -96,7 +96,15 @@ def world(tmp_path: Path, redis_url: str) -> Iterator[SlackWorld]:
         yield from slack_world(tmp_path, redis_url, corpus)
 
 
-def test_research_command_end_to_end(world: SlackWorld) -> None:
+@pytest.fixture
+def slow_world(tmp_path: Path, redis_url: str) -> Iterator[SlackWorld]:
+    """Fakes slowed so each phase outlasts the status message's one-edit-a-second coalescing."""
+    with Corpus(llm_latency=1.2, search_latency=1.2, page_latency=1.2) as corpus:
+        yield from slack_world(tmp_path, redis_url, corpus)
+
+
+def test_research_command_end_to_end(slow_world: SlackWorld) -> None:
+    world = slow_world
     started = time.monotonic()
     response = world.command("/research", QUESTION)
     assert response.status_code == 200 and time.monotonic() - started < 3.0
