@@ -61,7 +61,7 @@ from research.prompts import system_prompt
 from research.rank import rank_passages_for_queries
 from research.providers import NoSearchProviderError, SearchConfig, SearchRouter, build_router
 from research.report import Report, UsageSummary, split_title
-from research.untrusted import fence_untrusted
+from research.untrusted import fence_passages, fence_untrusted
 
 logger = logging.getLogger(__name__)
 
@@ -506,7 +506,7 @@ async def answer_from_passages(
         async with run.phase("answer"):
             messages = [{"role": "system", "content": system_prompt("answer", today)}, *history,
                         {"role": "user", "content": f"Follow-up question:\n{question}\n\nSource passages:\n"
-                                                    + synthesize_phase.passages_block(selected, titles)}]
+                                                    + fence_passages(selected, titles)}]
             run.state.draft = await client.complete(messages, task="answer", max_tokens=1500)
         async with run.phase("verify"):
             run.state.audit = await verify_phase.verify_draft(

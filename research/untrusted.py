@@ -9,6 +9,10 @@ The format (the fake LLM in `tests/fakes/llm.py` parses exactly this):
 
 from __future__ import annotations
 
+from typing import Any
+
+from collections.abc import Iterable, Mapping
+
 import html
 import re
 
@@ -55,6 +59,11 @@ def fence_untrusted(passage_id: str, title: str | None, url: str | None, text: s
         f"{escape_untrusted(text.strip())}\n"
         "</untrusted_source>"
     )
+
+
+def fence_passages(passages: Iterable[Any], titles: Mapping[str, tuple[str, str]]) -> str:
+    """Passages as the model sees them: each labelled with its id, its source's title and URL, and fenced."""
+    return "\n\n".join(fence_untrusted(p.id, *titles.get(p.source_id, ("", "")), p.text) for p in passages)
 
 
 def parse_fenced_sources(prompt: str) -> list[FencedSource]:

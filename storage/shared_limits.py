@@ -189,7 +189,28 @@ class RedisCircuitBreaker:
         await self._failure(keys=[self._prefix + key], args=[self._failure_threshold, self._keep_milliseconds])
 
 
-class EditBucket:
+class EditBucketRules:
+    """What every edit bucket shares: `capacity` tokens refilled at `capacity` per `per_seconds`, and a reserve
+    (`reserve_fraction` of capacity) that only priority edits may take; raises ValueError for bad values."""
+
+    def __init__(self, *, capacity: int, per_seconds: float, reserve_fraction: float) -> None:
+        if capacity < 1 or per_seconds <= 0:
+            raise ValueError("capacity must be at least 1 and per_seconds positive")
+        if not 0 <= reserve_fraction < 1:
+            raise ValueError("reserve_fraction must be in [0, 1)")
+        self.capacity = capacity
+        self.per_seconds = per_seconds
+        self.reserve = capacity * reserve_fraction
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.capacity / self.per_seconds
+
+    def _tokens_needed(self, priority: bool) -> float:
+        return 1.0 if priority else self.reserve + 1.0
+
+
+class EditBucket(EditBucketRules):
     """A per-workspace token bucket in Redis for status edits, shared by every worker; phase changes get a reserve.
 
     Holds `capacity` tokens, refilled at `capacity` per `per_seconds`; an ordinary edit takes a token
@@ -206,23 +227,14 @@ class EditBucket:
         reserve_fraction: float = 0.25,
         prefix: str = "deepthread:edits:",
     ) -> None:
-        if capacity < 1 or per_seconds <= 0:
-            raise ValueError("capacity must be at least 1 and per_seconds positive")
-        if not 0 <= reserve_fraction < 1:
-            raise ValueError("reserve_fraction must be in [0, 1)")
-        self.capacity = capacity
-        self.per_seconds = per_seconds
-        self.reserve = capacity * reserve_fraction
+        super().__init__(capacity=capacity, per_seconds=per_seconds, reserve_fraction=reserve_fraction)
         self._prefix = prefix
         self._take = redis_client.register_script(_BUCKET_TAKE)
-
-    def _tokens_needed(self, priority: bool) -> float:
-        return 1.0 if priority else self.reserve + 1.0
 
     async def _call(self, workspace: str, priority: bool, take: bool) -> tuple[bool, float]:
         granted, wait_microseconds = await self._take(
             keys=[self._prefix + workspace],
-            args=[self.capacity, repr(self.capacity / self.per_seconds), repr(self._tokens_needed(priority)), "1" if take else "0"],
+            args=[self.capacity, repr(self.tokens_per_second), repr(self._tokens_needed(priority)), "1" if take else "0"],
         )
         return bool(granted), int(wait_microseconds) / MICROSECONDS
 

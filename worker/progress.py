@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from bot.render.state import RunProgress
+from storage.shared_limits import EditBucketRules
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ class EditBudget(Protocol):
         ...
 
 
-class InMemoryEditBucket:
+class InMemoryEditBucket(EditBucketRules):
     """The per-workspace token bucket of storage.shared_limits.EditBucket for one process (tests, the console)."""
 
     def __init__(
@@ -44,28 +45,15 @@ class InMemoryEditBucket:
         reserve_fraction: float = 0.25,
         clock: Clock = time.monotonic,
     ) -> None:
-        if capacity < 1 or per_seconds <= 0:
-            raise ValueError("capacity must be at least 1 and per_seconds positive")
-        if not 0 <= reserve_fraction < 1:
-            raise ValueError("reserve_fraction must be in [0, 1)")
-        self.capacity = capacity
-        self.per_seconds = per_seconds
-        self.reserve = capacity * reserve_fraction
+        super().__init__(capacity=capacity, per_seconds=per_seconds, reserve_fraction=reserve_fraction)
         self._clock = clock
         self._buckets: dict[str, tuple[float, float]] = {}
-
-    @property
-    def _tokens_per_second(self) -> float:
-        return self.capacity / self.per_seconds
 
     def tokens(self, workspace: str) -> float:
         """The tokens `workspace` has now."""
         now = self._clock()
         tokens, updated = self._buckets.get(workspace, (float(self.capacity), now))
-        return min(float(self.capacity), tokens + max(0.0, now - updated) * self._tokens_per_second)
-
-    def _tokens_needed(self, priority: bool) -> float:
-        return 1.0 if priority else self.reserve + 1.0
+        return min(float(self.capacity), tokens + max(0.0, now - updated) * self.tokens_per_second)
 
     async def take(self, workspace: str, *, priority: bool = False) -> bool:
         """Take a token if one is there (for an ordinary edit: if more than the reserve is there)."""
@@ -77,7 +65,7 @@ class InMemoryEditBucket:
     async def wait_time(self, workspace: str, *, priority: bool = False) -> float:
         """Seconds until `take` with this priority would succeed (0 when it would now)."""
         missing = self._tokens_needed(priority) - self.tokens(workspace)
-        return max(0.0, missing / self._tokens_per_second)
+        return max(0.0, missing / self.tokens_per_second)
 
 
 class StatusEditor:

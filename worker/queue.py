@@ -23,6 +23,7 @@ from storage.models import Run, utcnow
 
 logger = logging.getLogger(__name__)
 
+QUEUE_NAME = "deepthread"
 TASK_BY_MODE = {"research": "deepthread.research", "plan": "deepthread.plan", "chat": "deepthread.chat",
                 "followup": "deepthread.chat"}
 ADMISSION_LOCK = "deepthread:lock:admission"
@@ -153,7 +154,7 @@ def celery_sender(settings: Any) -> SendTask:
     sender.conf.broker_connection_retry_on_startup = True
 
     def send(name: str, run_id: int, task_id: str) -> None:
-        sender.send_task(name, args=[run_id], task_id=task_id, queue="deepthread")
+        sender.send_task(name, args=[run_id], task_id=task_id, queue=QUEUE_NAME)
 
     return send
 

@@ -96,6 +96,13 @@ def _history(session: Session, run: Run) -> list[dict[str, str]]:
             for message in reversed(messages)]
 
 
+def _without_current_question(history: list[dict[str, str]], question: str) -> list[dict[str, str]]:
+    """The history before the question being answered (the bot stored it as the thread's last message)."""
+    if history and history[-1]["role"] == "user" and history[-1]["content"] == question:
+        return history[:-1]
+    return history
+
+
 def _context_text(history: list[dict[str, str]]) -> str | None:
     if not history:
         return None
@@ -249,7 +256,7 @@ async def _execute_started(run: Run, first_seq: int, owner: str, on_state: OnSta
     state = engine.ResearchState()
     options = options_for_run(services.options, run.options or {})
     with services.sessions() as session:
-        history = _history(session, run)
+        history = _without_current_question(_history(session, run), run.question)
         passages, sources = _stored_passages(session, run) if run.mode == "followup" else ([], {})
 
     common = {"events": recorder, "cancel": cancel, "state": state, "first_seq": first_seq}

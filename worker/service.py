@@ -21,7 +21,6 @@ from bot.render.state import initial_progress, progress_of_stored_run
 from config import Settings
 from research.budget import CancelToken
 from research.cpu import cpu_pool
-from research.providers.base import SearchConfig
 from storage.db import make_engine, make_session_factory, normalise_url
 from storage.models import Event, Run
 from storage.redis import connect, resolve_redis_url
@@ -30,7 +29,7 @@ from worker.delivery import RunDelivery
 from worker.leases import claim_undelivered, fail_unstartable, reap, worker_identity
 from worker.queue import Limits, Queue, SendTask
 from worker.runner import RunnerServices, execute
-from worker.toolkit import build_research_tools, research_options
+from worker.toolkit import build_research_tools, research_options, search_config
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +103,7 @@ class WorkerRuntime:
             return
         settings = self.settings
         aredis = connect_async(self.redis_url)
-        search = SearchConfig()
+        search = search_config(settings)
         llm_http = httpx.AsyncClient(verify=self.ssl_context, timeout=httpx.Timeout(60.0))
         tools = build_research_tools(
             settings, cpu_pool=self.cpu_pool,

@@ -14,10 +14,10 @@ from celery import Celery, signals
 
 from config import Settings, get_settings
 from storage.redis import celery_broker_url, resolve_redis_url
+from worker.queue import QUEUE_NAME
 
 logger = logging.getLogger(__name__)
 
-QUEUE_NAME = "deepthread"
 
 app = Celery("deepthread", set_as_current=False)
 app.conf.update(

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from bot.conversation.core import ConversationCore
 from bot.conversation.events import ChatEvent
-from bot.messenger.base import MessageRef
+from bot.messenger.base import MessageRef, Place
 from bot.messenger.console import ConsoleMessenger
 from bot.render.console import ConsoleRenderer
 from bot.render.state import RunProgress, initial_progress, progress_of_stored_run
@@ -134,9 +134,7 @@ class TerminalChat:
             return progress, run
 
 
-def _place(thread: str | None):
-    from bot.messenger.base import Place
-
+def _place(thread: str | None) -> Place:
     return Place(**PLACE, thread=thread)
 
 

@@ -10,7 +10,7 @@ from research.llm import LLMClient, StructuredOutputError
 from research.models import Passage
 from research.phases.decompose import Decomposition
 from research.prompts import system_prompt
-from research.untrusted import fence_untrusted
+from research.untrusted import fence_passages
 
 MAX_NEW_QUERIES = 3
 
@@ -37,7 +37,7 @@ async def check_gaps(
     today: dt.date,
 ) -> list[str]:
     """More queries to run, or none when coverage is judged enough (or the model cannot say)."""
-    shown = "\n\n".join(fence_untrusted(p.id, *titles.get(p.source_id, ("", "")), p.text) for p in passages)
+    shown = fence_passages(passages, titles)
     sub_questions = "\n".join(f"- {sub.question}" for sub in plan.sub_questions)
     user = f"Question:\n{question}\n\nSub-questions:\n{sub_questions}\n\nPassages gathered so far:\n{shown or '(none)'}"
     messages = [{"role": "system", "content": system_prompt("gap_check", today)}, {"role": "user", "content": user}]

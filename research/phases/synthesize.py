@@ -10,7 +10,7 @@ from research.llm import LLMClient
 from research.models import Passage
 from research.phases.decompose import Decomposition
 from research.prompts import system_prompt
-from research.untrusted import fence_untrusted
+from research.untrusted import fence_passages
 
 
 BARE_NUMERIC_CITE = re.compile(r"\s*(?<![\w\]])\[\d+(?:\s*,\s*\d+)*\](?!\()")
@@ -19,11 +19,6 @@ BARE_NUMERIC_CITE = re.compile(r"\s*(?<![\w\]])\[\d+(?:\s*,\s*\d+)*\](?!\()")
 def drop_bare_numeric_cites(draft: str) -> str:
     """Remove `[3]`-style cites the model invented: only `[pN]` cites can be audited, and `[n]` are ours to assign."""
     return BARE_NUMERIC_CITE.sub("", draft)
-
-
-def passages_block(passages: list[Passage], titles: dict[str, tuple[str, str]]) -> str:
-    """The passages as the model sees them: each labelled with its id and fenced as untrusted."""
-    return "\n\n".join(fence_untrusted(p.id, *titles.get(p.source_id, ("", "")), p.text) for p in passages)
 
 
 async def synthesize(
@@ -44,7 +39,7 @@ async def synthesize(
     parts.append("Sub-questions:\n" + "\n".join(f"- {sub.question}" for sub in plan.sub_questions))
     if plan.outline:
         parts.append("Suggested outline:\n" + "\n".join(f"- {heading}" for heading in plan.outline))
-    parts.append("Source passages:\n" + passages_block(passages, titles))
+    parts.append("Source passages:\n" + fence_passages(passages, titles))
     messages = [{"role": "system", "content": system_prompt("synthesize", today)},
                 {"role": "user", "content": "\n\n".join(parts)}]
     return drop_bare_numeric_cites(await llm.complete(messages, task="synthesize", max_tokens=4000))
