@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import sys
 
 import httpx
@@ -15,6 +17,25 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object a line (LOG_FORMAT=json), for machines."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"time": self.formatTime(record), "level": record.levelname, "logger": record.name,
+                 "message": record.getMessage()}
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False)
+
+
+def configure_logging(settings: Settings) -> None:
+    """Root logging at LOG_LEVEL, as console lines or JSON (LOG_FORMAT)."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonLogFormatter() if settings.log_format == "json"
+                         else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=settings.log_level, handlers=[handler], force=True)
 
 
 def settings_or_exit() -> Settings:
@@ -270,6 +291,7 @@ def worker_command(
     if concurrency:
         settings = settings.model_copy(update={"worker_concurrency": concurrency})
     _database(settings)
+    configure_logging(settings)
     celery = configure(settings)
     celery.worker_main(worker_argv(settings, hostname=hostname))
 
@@ -280,8 +302,6 @@ def slack_command(
     host: str = typer.Option("0.0.0.0", "--host", help="Address to listen on."),
 ) -> None:
     """Run the Slack bot: Socket Mode when SLACK_APP_TOKEN is set, otherwise HTTP mode at /slack/events."""
-    import logging
-
     from bot.slack.server import require_slack_settings, run
 
     settings = settings_or_exit()
@@ -291,7 +311,7 @@ def slack_command(
         typer.echo(str(error), err=True)
         raise typer.Exit(code=2) from None
     _database(settings)
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(settings)
     run(settings, host=host, port=port)
 
 

@@ -48,7 +48,6 @@ class Budget:
         self.clock = clock
         self.started = clock()
         self.tokens_used: Callable[[], int] = lambda: 0
-        self.rounds_done = 0
         self.searches_used: Callable[[], int] = lambda: 0
         self.bytes_exhausted: Callable[[], bool] = lambda: False
 

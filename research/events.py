@@ -106,6 +106,3 @@ TERMINAL_TYPES = frozenset({"complete", "aborted", "error"})
 
 Emit = Callable[[Any], Awaitable[None]]
 
-
-async def discard(event: Any) -> None:
-    """An emitter that drops every event (for callers that do not listen)."""

@@ -71,20 +71,6 @@ class UsageSummary(BaseModel):
     bytes_fetched: int = 0
     seconds: float = 0.0
 
-    def record_llm_call(self, model: str, *, prompt_tokens: int, completion_tokens: int, cost: float = 0.0) -> None:
-        """Add one LLM call to the model's figures and to the totals."""
-        usage = self.llm.setdefault(model, ModelUsage())
-        usage.calls += 1
-        usage.prompt_tokens += prompt_tokens
-        usage.completion_tokens += completion_tokens
-        usage.cost += cost
-        self.total_tokens += prompt_tokens + completion_tokens
-        self.cost += cost
-
-    def record_search_call(self, provider: str) -> None:
-        """Count one call to a search provider."""
-        self.search_calls[provider] = self.search_calls.get(provider, 0) + 1
-
 
 class Report(BaseModel):
     """A finished (or partial) report: body with `[n]` citations, sources, cited passages, audit and usage."""

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
@@ -58,17 +56,3 @@ def make_engine(url: str, **options: Any) -> Engine:
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:
     """A session factory whose objects stay readable after commit."""
     return sessionmaker(engine, expire_on_commit=False)
-
-
-@contextmanager
-def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
-    """A session that commits on success and rolls back on error."""
-    session = factory()
-    try:
-        yield session
-        session.commit()
-    except BaseException:
-        session.rollback()
-        raise
-    finally:
-        session.close()

@@ -21,9 +21,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
-RUN_STATES = ("queued", "running", "done", "failed", "cancelled", "timed_out")
 TERMINAL_STATES = frozenset({"done", "failed", "cancelled", "timed_out"})
-MODES = ("research", "plan", "chat", "followup")
 
 
 def utcnow() -> dt.datetime:

@@ -40,13 +40,10 @@ class CoreSettings:
 
     admins: frozenset[str] = frozenset()
     cancel_emoji: frozenset[str] = frozenset({"x", "octagonal_sign", "❌", "🛑"})
-    cancel_hint: str = "x"
 
     @classmethod
     def from_settings(cls, settings: Any) -> "CoreSettings":
-        emoji = frozenset(settings.cancel_emoji)
-        return cls(admins=frozenset(settings.admin_user_ids), cancel_emoji=emoji,
-                   cancel_hint=next(iter(settings.cancel_emoji), "x"))
+        return cls(admins=frozenset(settings.admin_user_ids), cancel_emoji=frozenset(settings.cancel_emoji))
 
 
 def busy_reply(run: Run) -> Reply:

@@ -32,3 +32,17 @@ def test_up_reports_missing_llm_settings_in_one_line_before_starting_anything(tm
     assert result.output.strip().splitlines() == [result.output.strip()]
     assert "LLM_MODEL is not set" in result.output
     assert not (tmp_path / "deep.db").exists()
+
+
+def test_log_format_json_writes_one_json_object_a_line(capsys) -> None:
+    import json
+    import logging
+
+    from bot.cli import configure_logging
+    from config import load_settings
+
+    configure_logging(load_settings(log_format="json", log_level="INFO"))
+    logging.getLogger("deepthread.test").info("run %s started", 7)
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert json.loads(line)["message"] == "run 7 started"
+    logging.basicConfig(force=True, handlers=[logging.NullHandler()])

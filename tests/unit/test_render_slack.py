@@ -23,6 +23,7 @@ from bot.render.slack import (
     split_text,
 )
 from bot.render.state import PhaseLine, RunProgress, initial_progress
+from research.llm import ModelUsage
 from research.report import STOPPED_BY_USER_LINE, AuditFigures, Report, ReportSource, UsageSummary, audit_line, render_markdown, usage_line
 
 START = dt.datetime(2024, 5, 1, 12, 0, tzinfo=dt.timezone.utc)
@@ -33,8 +34,8 @@ HOSTILE = "Ping <!channel> and <!here> and <!everyone> and <@U0VICTIM> and @here
 
 def make_report(body: str = "## Summary\n\nSolar capacity grew by **45%** in 2023 [1]. The tower opened in 1889 [2].",
                 **changes: object) -> Report:
-    usage = UsageSummary(seconds=41.2)
-    usage.record_llm_call("big-model", prompt_tokens=10_000, completion_tokens=2_000, cost=0.01)
+    usage = UsageSummary(llm={"big-model": ModelUsage(calls=1, prompt_tokens=10_000, completion_tokens=2_000, cost=0.01)},
+                         total_tokens=12_000, cost=0.01, seconds=41.2)
     report = Report(
         title="Solar power in 2023",
         question="How fast did solar grow?",

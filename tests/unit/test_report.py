@@ -8,6 +8,7 @@ from html.parser import HTMLParser
 import pydantic
 import pytest
 
+from research.llm import ModelUsage
 from research.report import (
     STOPPED_BY_USER_LINE,
     AuditFigures,
@@ -25,9 +26,10 @@ from research.report import (
 
 
 def make_report(**changes: object) -> Report:
-    usage = UsageSummary(search_calls={"tavily": 3}, pages_fetched=8, bytes_fetched=123_456, seconds=41.2)
-    usage.record_llm_call("big-model", prompt_tokens=10_000, completion_tokens=2_000, cost=0.0100)
-    usage.record_llm_call("fast-model", prompt_tokens=300, completion_tokens=45, cost=0.0023)
+    usage = UsageSummary(
+        llm={"big-model": ModelUsage(calls=1, prompt_tokens=10_000, completion_tokens=2_000, cost=0.0100),
+             "fast-model": ModelUsage(calls=1, prompt_tokens=300, completion_tokens=45, cost=0.0023)},
+        total_tokens=12_345, cost=0.0123, search_calls={"tavily": 3}, pages_fetched=8, bytes_fetched=123_456, seconds=41.2)
     report = Report(
         title="Solar power in 2023",
         question="How fast did solar grow?",
