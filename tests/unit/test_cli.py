@@ -34,15 +34,21 @@ def test_up_reports_missing_llm_settings_in_one_line_before_starting_anything(tm
     assert not (tmp_path / "deep.db").exists()
 
 
-def test_log_format_json_writes_one_json_object_a_line(capsys) -> None:
+def test_log_format_json_writes_one_json_object_a_line() -> None:
     import json
     import logging
 
-    from bot.cli import configure_logging
+    from bot.cli import JsonLogFormatter, configure_logging
     from config import load_settings
 
-    configure_logging(load_settings(log_format="json", log_level="INFO"))
-    logging.getLogger("deepthread.test").info("run %s started", 7)
-    line = capsys.readouterr().err.strip().splitlines()[-1]
-    assert json.loads(line)["message"] == "run 7 started"
-    logging.basicConfig(force=True, handlers=[logging.NullHandler()])
+    root = logging.getLogger()
+    saved_handlers, saved_level = root.handlers[:], root.level
+    try:
+        configure_logging(load_settings(log_format="json", log_level="WARNING"))
+        assert isinstance(root.handlers[-1].formatter, JsonLogFormatter) and root.level == logging.WARNING
+    finally:
+        root.handlers[:] = saved_handlers
+        root.setLevel(saved_level)
+    record = logging.LogRecord("deepthread.test", logging.INFO, __file__, 1, "run %s started", (7,), None)
+    line = JsonLogFormatter().format(record)
+    assert "\n" not in line and json.loads(line)["message"] == "run 7 started"
