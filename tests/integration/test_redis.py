@@ -58,3 +58,29 @@ def test_configured_redis_url_is_used_as_is(redis_url: str, tmp_path) -> None:
 def test_celery_spelling_of_a_unix_socket_url() -> None:
     assert celery_broker_url("unix:///tmp/x/redis.socket") == "redis+socket:///tmp/x/redis.socket"
     assert celery_broker_url("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
+
+
+def test_a_process_still_holding_the_server_keeps_it_alive(tmp_path) -> None:
+    embedded = EmbeddedRedis(str(tmp_path / "data")).start()
+    url = embedded.url
+    holder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import sys
+            from storage.redis import resolve_redis_url
+            print(resolve_redis_url("", {str(tmp_path / "data")!r}), flush=True)
+            sys.stdin.readline()
+        """)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == url
+        embedded.stop()
+        # The first process let go, the second still holds the server: it keeps serving.
+        assert connect(url).ping() is True
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    # The second process exited without letting go explicitly; its exit hook shuts the server.
+    with pytest.raises(redis.ConnectionError):
+        connect(url).ping()
