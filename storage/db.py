@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sqlite3
+import threading
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
@@ -28,6 +30,91 @@ def _ensure_sqlite_directory(url: str) -> None:
         os.makedirs(directory, exist_ok=True)
 
 
+# pysqlite (legacy transaction control) opens a transaction implicitly before these, and only these.
+_SQLITE_WRITES = ("INSERT", "UPDATE", "DELETE", "REPLACE")
+_writer_locks: dict[str, threading.Lock] = {}
+_writer_locks_guard = threading.Lock()
+
+
+def _writer_lock(database: str) -> threading.Lock:
+    with _writer_locks_guard:
+        return _writer_locks.setdefault(database, threading.Lock())
+
+
+class _SerialisedWriterCursor(sqlite3.Cursor):
+    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
+        connection: SerialisedWriterConnection = self.connection  # type: ignore[assignment]
+        connection._before_statement(sql)
+        try:
+            return super().execute(sql, parameters)
+        finally:
+            connection._after_statement()
+
+    def executemany(self, sql: str, parameters: Any, /) -> sqlite3.Cursor:
+        connection: SerialisedWriterConnection = self.connection  # type: ignore[assignment]
+        connection._before_statement(sql)
+        try:
+            return super().executemany(sql, parameters)
+        finally:
+            connection._after_statement()
+
+
+class SerialisedWriterConnection(sqlite3.Connection):
+    """A pysqlite connection whose write transactions take turns within the process.
+
+    SQLite admits one writer at a time; a writer that finds the database locked sleeps in SQLite's
+    busy handler, in steps of up to 100 ms, however soon the lock is released. Many threads of one
+    process writing at once (a worker's runs recording their events) then wait for sleeps rather
+    than for each other. Here a thread about to open a write transaction first takes a lock shared
+    by every connection of the process to the same file, held until the transaction ends, so the
+    next writer starts the moment the last one commits. Other processes still meet the busy handler.
+    A writer that waits for the lock longer than the busy timeout goes ahead without it, as before.
+    In-memory databases live in one connection and take no lock.
+    """
+
+    def __init__(self, database: str, *args: Any, **kwargs: Any) -> None:
+        super().__init__(database, *args, **kwargs)
+        in_memory = database in ("", ":memory:") or "mode=memory" in str(database)
+        self._writer_lock = None if in_memory else _writer_lock(os.path.abspath(database))
+        self._holds_writer_lock = False
+
+    def cursor(self, factory: Any = _SerialisedWriterCursor) -> sqlite3.Cursor:  # type: ignore[override]
+        return super().cursor(factory)
+
+    def _before_statement(self, sql: str) -> None:
+        if (self._writer_lock is not None and not self._holds_writer_lock and not self.in_transaction
+                and sql.lstrip()[:7].upper().startswith(_SQLITE_WRITES)):
+            self._holds_writer_lock = self._writer_lock.acquire(timeout=SQLITE_BUSY_TIMEOUT_MS / 1000)
+
+    def _after_statement(self) -> None:
+        if self._holds_writer_lock and not self.in_transaction:  # autocommitted, or the BEGIN itself failed
+            self._release_writer_lock()
+
+    def _release_writer_lock(self) -> None:
+        if self._holds_writer_lock and self._writer_lock is not None:
+            self._holds_writer_lock = False
+            self._writer_lock.release()
+
+    def commit(self) -> None:
+        try:
+            super().commit()
+        finally:
+            if not self.in_transaction:
+                self._release_writer_lock()
+
+    def rollback(self) -> None:
+        try:
+            super().rollback()
+        finally:
+            self._release_writer_lock()
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._release_writer_lock()
+
+
 def _tune_sqlite(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
@@ -43,7 +130,8 @@ def make_engine(url: str, **options: Any) -> Engine:
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         _ensure_sqlite_directory(url)
-        connect_args = {"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
+        connect_args = {"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000,
+                        "factory": SerialisedWriterConnection}
         if parsed.database in (None, "", ":memory:"):
             options.setdefault("poolclass", StaticPool)
         engine = create_engine(url, connect_args=connect_args, **options)
