@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import datetime as dt
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -14,7 +13,6 @@ from pydantic import BaseModel, Field
 from research.events import TERMINAL_TYPES, Emit
 
 MIB = 1024 * 1024
-logger = logging.getLogger(__name__)
 
 
 class ResearchOptions(BaseModel):
@@ -93,19 +91,6 @@ class CancelToken:
 
     async def wait(self) -> None:
         await self._event.wait()
-
-    async def watch(self, is_cancelled: Callable[[], Awaitable[str | None]], interval: float = 0.25) -> None:
-        """Poll an outside flag (Redis, the run row) and cancel when it says who stopped the run."""
-        while not self.cancelled:
-            try:
-                stopped_by = await is_cancelled()
-            except Exception:  # a flaky flag store must not blind the run to later cancels
-                logger.warning("could not read the cancel flag", exc_info=True)
-                stopped_by = None
-            if stopped_by is not None:
-                self.cancel(stopped_by)
-                return
-            await asyncio.sleep(interval)
 
 
 class EventSink:

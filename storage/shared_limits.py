@@ -249,37 +249,6 @@ class EditBucket(EditBucketRules):
         return wait
 
 
-class CancelFlags:
-    """Cancel requests in Redis: the bot sets one when the requester reacts, the worker's cancel token polls it."""
-
-    def __init__(self, redis_client: redis.asyncio.Redis, *, prefix: str = "deepthread:cancel:",
-                 ttl_seconds: int = ONE_DAY_SECONDS) -> None:
-        self._redis = redis_client
-        self._prefix = prefix
-        self._ttl_seconds = ttl_seconds
-
-    async def set(self, run_id: int | str, by: str) -> None:
-        """Mark run `run_id` as cancelled by `by` (kept for a day)."""
-        await self._redis.set(f"{self._prefix}{run_id}", by, ex=self._ttl_seconds)
-
-    async def get(self, run_id: int | str) -> str | None:
-        """Who cancelled run `run_id`, or None when nobody has."""
-        value = await self._redis.get(f"{self._prefix}{run_id}")
-        return None if value is None else _as_text(value)
-
-    async def clear(self, run_id: int | str) -> None:
-        """Forget run `run_id`'s cancel flag."""
-        await self._redis.delete(f"{self._prefix}{run_id}")
-
-    def reader(self, run_id: int | str) -> Callable[[], Awaitable[str | None]]:
-        """A function for `CancelToken.watch` that reads run `run_id`'s flag."""
-
-        async def cancelled_by() -> str | None:
-            return await self.get(run_id)
-
-        return cancelled_by
-
-
 @overload
 def redis_lock(redis_client: redis.asyncio.Redis, name: str, *, timeout: float,
                blocking_timeout: float | None = None) -> redis.asyncio.lock.Lock: ...

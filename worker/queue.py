@@ -157,9 +157,3 @@ def celery_sender(settings: Any) -> SendTask:
         sender.send_task(name, args=[run_id], task_id=task_id, queue=QUEUE_NAME)
 
     return send
-
-
-def cancel_flag(redis_client: redis.Redis, run_id: int) -> str | None:
-    """Who asked to stop `run_id`, if anyone did."""
-    value = redis_client.get(CANCEL_FLAG.format(run_id=run_id))
-    return value.decode() if isinstance(value, bytes) else value

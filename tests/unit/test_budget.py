@@ -1,10 +1,8 @@
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
-from research.budget import Budget, CancelToken, EventSink, ResearchOptions
+from research.budget import Budget, EventSink, ResearchOptions
 from research.events import Complete, PhaseStarted, Progress
 from research.phases.decompose import fallback, priority_urls
 from research.plan import ResearchPlan, plan_as_decomposition
@@ -55,17 +53,6 @@ async def test_event_sink_numbers_events_and_drops_anything_after_the_terminal_o
     assert [event.seq for event in seen] == [7, 8, 9]
     assert seen[-1].type == "complete"
     assert sink.last_seq == 9
-
-
-async def test_cancel_token_watch_sees_an_outside_flag() -> None:
-    token = CancelToken()
-    answers = iter([None, None, "slack:U1"])
-
-    async def flag() -> str | None:
-        return next(answers)
-
-    await asyncio.wait_for(token.watch(flag, interval=0.01), timeout=1)
-    assert token.cancelled and token.cancelled_by == "slack:U1"
 
 
 def test_urls_in_the_question_become_priority_sources() -> None:

@@ -9,10 +9,8 @@ import fakeredis.aioredis
 import pytest
 import redis.exceptions
 
-from research.budget import CancelToken
 from research.limits import CircuitBreaker, RateLimiter
 from storage.shared_limits import (
-    CancelFlags,
     EditBucket,
     RedisCircuitBreaker,
     RedisRateLimiter,
@@ -221,33 +219,6 @@ async def test_workspaces_have_separate_buckets_shared_by_all_clients(
 def test_edit_bucket_refuses_a_reserve_as_large_as_the_capacity(client: fakeredis.aioredis.FakeRedis) -> None:
     with pytest.raises(ValueError):
         EditBucket(client, capacity=4, reserve_fraction=1.0)
-
-
-async def test_cancel_flag_set_is_read_back_and_cleared(client: fakeredis.aioredis.FakeRedis) -> None:
-    flags = CancelFlags(client)
-    assert await flags.get(7) is None
-    await flags.set(7, "slack:U1")
-    assert await flags.get(7) == "slack:U1"
-    assert await flags.get(8) is None
-    await flags.clear(7)
-    assert await flags.get(7) is None
-
-
-async def test_cancel_flag_lives_for_a_day(client: fakeredis.aioredis.FakeRedis) -> None:
-    await CancelFlags(client).set(7, "slack:U1")
-    assert 24 * 3600 - 5 <= await client.ttl("deepthread:cancel:7") <= 24 * 3600
-
-
-async def test_cancel_token_watching_a_flag_is_cancelled_by_whoever_set_it(
-    client: fakeredis.aioredis.FakeRedis, other_client: fakeredis.aioredis.FakeRedis
-) -> None:
-    token = CancelToken()
-    watching = asyncio.create_task(token.watch(CancelFlags(client).reader(7), interval=0.01))
-    await asyncio.sleep(0.03)
-    assert not token.cancelled
-    await CancelFlags(other_client).set(7, "discord:42")
-    await asyncio.wait_for(watching, timeout=1.0)
-    assert token.cancelled_by == "discord:42"
 
 
 async def test_async_lock_is_held_by_one_client_at_a_time(

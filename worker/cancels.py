@@ -1,0 +1,112 @@
+"""One watcher per worker process that turns cancel requests into cancelled runs.
+
+The bot marks a run cancelled in Redis (and on its row). Rather than each run polling its own
+flag four times a second, one thread reads the flags of every run the process is executing in
+one round trip and cancels the matching tokens, each in the event loop it belongs to. When Redis
+cannot be read it reads the rows instead, so a cancel still arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+
+import redis
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from research.budget import CancelToken
+from storage.models import Run
+from worker.queue import CANCEL_FLAG
+
+logger = logging.getLogger(__name__)
+
+POLL_SECONDS = 0.25
+
+ReadFlags = Callable[[list[int]], Mapping[int, str]]
+
+
+def redis_flags(client: redis.Redis, key: str = CANCEL_FLAG) -> ReadFlags:
+    """Who stopped each of the runs, from their Redis flags (one MGET); raises redis errors."""
+
+    def read(run_ids: list[int]) -> dict[int, str]:
+        values = client.mget([key.format(run_id=run_id) for run_id in run_ids])
+        return {run_id: value.decode() if isinstance(value, bytes) else value
+                for run_id, value in zip(run_ids, values) if value is not None}
+
+    return read
+
+
+def row_flags(sessions: sessionmaker[Session]) -> ReadFlags:
+    """Who stopped each of the runs, from their rows."""
+
+    def read(run_ids: list[int]) -> dict[int, str]:
+        with sessions() as session:
+            rows = session.execute(select(Run.id, Run.cancelled_by)
+                                   .where(Run.id.in_(run_ids), Run.cancelled_by.is_not(None))).all()
+        return {run_id: by for run_id, by in rows}
+
+    return read
+
+
+class CancelWatcher:
+    """Polls the cancel flags of the runs being executed and cancels their tokens in their own loops."""
+
+    def __init__(self, flags: ReadFlags, fallback: ReadFlags, *, interval: float = POLL_SECONDS) -> None:
+        self._flags = flags
+        self._fallback = fallback
+        self._interval = interval
+        self._watched: dict[int, tuple[asyncio.AbstractEventLoop, CancelToken]] = {}
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @contextmanager
+    def watching(self, run_id: int, token: CancelToken) -> Iterator[CancelToken]:
+        """Cancel `token` (from the running loop's thread) when someone stops run `run_id`, while in the block."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            self._watched[run_id] = (loop, token)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="deepthread-cancel-watcher", daemon=True)
+                self._thread.start()
+        try:
+            yield token
+        finally:
+            with self._lock:
+                if self._watched.get(run_id, (None, None))[1] is token:
+                    del self._watched[run_id]
+
+    def poll(self) -> None:
+        """Read every watched run's flag once and cancel the flagged ones."""
+        with self._lock:
+            watched = dict(self._watched)
+        if not watched:
+            return
+        run_ids = sorted(watched)
+        try:
+            stopped = self._flags(run_ids)
+        except Exception:  # a flaky flag store must not blind the runs to cancels
+            logger.warning("cancel flags unreadable in Redis; reading the run rows", exc_info=True)
+            try:
+                stopped = self._fallback(run_ids)
+            except Exception:
+                logger.warning("cancel flags unreadable in the database too", exc_info=True)
+                return
+        for run_id, by in stopped.items():
+            loop, token = watched[run_id]
+            if not token.cancelled:
+                try:
+                    loop.call_soon_threadsafe(token.cancel, by)
+                except RuntimeError:  # the run's loop has closed: it has finished
+                    pass
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def _loop(self) -> None:
+        while not self._stopping.wait(self._interval):
+            self.poll()
