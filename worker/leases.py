@@ -6,7 +6,7 @@ import datetime as dt
 import uuid
 from collections.abc import Collection
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from storage.models import Conversation, Run, utcnow
@@ -17,20 +17,17 @@ def take_lease(sessions: sessionmaker[Session], run_id: int, owner: str, lease_s
                now: dt.datetime | None = None) -> int | None:
     """Start a new attempt of the run if nobody holds a live lease on it; returns the attempt number."""
     now = now or utcnow()
-    with sessions.begin() as session:
-        taken = session.execute(
+    with sessions.begin() as session:  # one statement: a short write on a busy database
+        return session.execute(
             update(Run)
             .where(Run.id == run_id, Run.state.in_(("queued", "running")),
                    or_(Run.lease_until.is_(None), Run.lease_until < now, Run.lease_owner.in_((ADMITTED, RESUBMITTED))))
             .values(state="running", attempt=Run.attempt + 1, lease_owner=owner,
-                    lease_until=now + dt.timedelta(seconds=lease_seconds))
-        ).rowcount
-        if not taken:
-            return None
-        run = session.get(Run, run_id)
-        if run.started_at is None:
-            run.started_at = now
-        return run.attempt
+                    lease_until=now + dt.timedelta(seconds=lease_seconds),
+                    started_at=func.coalesce(Run.started_at, now))
+            .returning(Run.attempt)
+            .execution_options(synchronize_session=False)
+        ).scalar_one_or_none()
 
 
 def renew_lease(sessions: sessionmaker[Session], run_id: int, attempt: int, owner: str, lease_seconds: float) -> bool:
