@@ -26,6 +26,8 @@ from worker.progress import EditBudget, StatusEditor
 logger = logging.getLogger(__name__)
 
 UPLOADED_FILE = "file"
+# How long the engine waits for the first status edit (a rate-limited Slack must not hold the research up).
+FIRST_EDIT_WAIT_SECONDS = 2.0
 
 
 def platform_user(user: str) -> str:
@@ -49,6 +51,7 @@ class RunDelivery:
                                channel=conversation.channel, thread=conversation.thread)
             self.status_ref = MessageRef.model_validate(run.status_message) if run.status_message else None
             self.requester = platform_user(run.requested_by)
+        self._first_shown = False
         self.editor = StatusEditor(self._edit_status, bucket=bucket, workspace=self.place.workspace,
                                    min_interval=min_interval)
 
@@ -62,7 +65,13 @@ class RunDelivery:
         await self.messenger.edit(self.status_ref, self.renderer.status(progress, now=dt.datetime.now(dt.timezone.utc)))
 
     async def on_state(self, progress: RunProgress) -> None:
-        await self.editor.update(progress)
+        """Show `progress`; the first state (the attempt has just started) is sent before this returns.
+
+        The engine starts only after the message has left "queued", so the user sees the run
+        start at once, not after the engine's first steps have had their turn on the event loop.
+        """
+        first, self._first_shown = not self._first_shown, True
+        await self.editor.update(progress, wait_seconds=FIRST_EDIT_WAIT_SECONDS if first else 0.0)
 
     async def finish(self, progress: RunProgress) -> None:
         """The report (if the run has one), then the final status edit, each exactly once.

@@ -101,6 +101,7 @@ class StatusEditor:
         self._last_sent: RunProgress | None = None
         self._next_edit_at = -math.inf
         self._wake = asyncio.Event()
+        self._attempted = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -108,12 +109,21 @@ class StatusEditor:
         """The state the message shows, as far as this editor knows."""
         return self._last_sent
 
-    async def update(self, progress: RunProgress) -> None:
-        """Make `progress` the state to show next; returns at once (ignored after `close`)."""
+    async def update(self, progress: RunProgress, *, wait_seconds: float = 0.0) -> None:
+        """Make `progress` the state to show next (ignored after `close`).
+
+        Returns at once, or, given `wait_seconds`, once the sender has tried to show it (or a newer
+        state): sent, or skipped because the budget refused it; at the latest after `wait_seconds`.
+        """
         if self._closed:
             return
         self._pending = progress
-        self._wake_sender()
+        self._attempted.clear()
+        task = self._wake_sender()
+        if wait_seconds > 0:
+            waiter = asyncio.create_task(self._attempted.wait())
+            await asyncio.wait((waiter, task), timeout=wait_seconds, return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
 
     async def close(self, final_progress: RunProgress) -> None:
         """Send `final_progress` as the last edit, after the interval and a token (waiting at most `final_wait` for one); raises what the send raised."""
@@ -153,6 +163,7 @@ class StatusEditor:
                 progress, self._pending = self._pending, None
                 if progress is not None:
                     await self._send_if_budget_allows(progress)
+                    self._attempted.set()
 
     async def _send_if_budget_allows(self, progress: RunProgress) -> None:
         priority = self._is_phase_change(progress)

@@ -75,3 +75,25 @@ def test_a_refused_report_is_announced_in_the_thread_not_dropped(session_factory
     asyncio.run(delivery(session_factory, run_id, messenger).finish(progress))
     notices = [content.text for _, content, _ in messenger.posts]
     assert any("could not be posted (channel_not_found)" in text and f"deepthread export {run_id}" in text for text in notices)
+
+
+def test_the_first_state_is_on_the_status_message_before_on_state_returns_later_ones_are_not_awaited(
+    session_factory,
+) -> None:
+    run_id = stored_run(session_factory)
+    messenger = RecordingMessenger()
+    first = initial_progress(run_id=run_id, mode="research", question="q", requested_by="slack:U0ALICE01",
+                             attempt=1, state="running")
+
+    async def two_states() -> tuple[int, int]:
+        run_delivery = delivery(session_factory, run_id, messenger)
+        await run_delivery.on_state(first)
+        edits_after_first = len(messenger.edits)
+        await run_delivery.on_state(first.model_copy(update={"current_phase": "search"}))
+        edits_right_after_second = len(messenger.edits)
+        await run_delivery.editor.stop()
+        return edits_after_first, edits_right_after_second
+
+    after_first, right_after_second = asyncio.run(two_states())
+    assert after_first == 1 and messenger.edits[0][0].message_id == "101.0"
+    assert right_after_second == 1  # coalesced in the background, not waited for

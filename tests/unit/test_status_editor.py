@@ -203,6 +203,45 @@ async def test_update_returns_at_once_while_a_send_is_stuck(clock: VirtualClock)
     await editor.stop()
 
 
+async def test_an_update_told_to_wait_returns_once_its_edit_has_gone_out(clock: VirtualClock) -> None:
+    sent = asyncio.Event()
+
+    async def send(progress: RunProgress) -> None:
+        await asyncio.sleep(0.05)  # a real round trip, in real time
+        sent.set()
+
+    editor = StatusEditor(send, bucket=ample_bucket(clock), workspace="T1", clock=clock, sleep=clock.sleep)
+    await editor.update(started(), wait_seconds=5.0)
+    assert sent.is_set()
+    await editor.stop()
+
+
+async def test_an_update_told_to_wait_gives_up_after_its_bound_when_the_send_is_stuck(clock: VirtualClock) -> None:
+    release = asyncio.Event()
+
+    async def stuck_send(progress: RunProgress) -> None:
+        await release.wait()
+
+    editor = StatusEditor(stuck_send, bucket=ample_bucket(clock), workspace="T1", clock=clock, sleep=clock.sleep)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    await editor.update(started(), wait_seconds=0.2)
+    assert 0.15 <= loop.time() - began < 1.0
+    release.set()
+    await editor.stop()
+
+
+async def test_an_update_told_to_wait_returns_when_the_budget_refuses_the_edit(clock: VirtualClock) -> None:
+    sender = RecordingSender(clock)
+    empty = InMemoryEditBucket(capacity=4, per_seconds=3600.0, clock=clock)
+    for _ in range(4):
+        assert await empty.take("T1", priority=True)
+    editor = StatusEditor(sender, bucket=empty, workspace="T1", clock=clock, sleep=clock.sleep)
+    await asyncio.wait_for(editor.update(started(), wait_seconds=5.0), timeout=1.0)
+    assert sender.edits == []
+    await editor.stop()
+
+
 async def test_slow_sender_sends_in_order_one_at_a_time_and_never_shows_an_older_state_last(clock: VirtualClock) -> None:
     sender = RecordingSender(clock, seconds_per_edit=2.5)
     editor = StatusEditor(sender, bucket=ample_bucket(clock), workspace="T1", clock=clock, sleep=clock.sleep)
