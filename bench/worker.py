@@ -1,11 +1,12 @@
 """One worker process running 50 research runs at once: throughput, time to the first status edit, memory per run.
 
-A real `deepthread worker --concurrency=50` process (Celery, threads pool) against SQLite (WAL) in
-a temporary directory, a real Redis on 127.0.0.1, the fake Slack, and the research fakes with the
-fixed latencies of `bench/engine.py`: the LLM answers every call in 800 ms, the search API in
-300 ms, and 12 pages on 6 host names (2 a host) in 100 to 1500 ms; each host's robots.txt in 100 ms.
-Search goes to the fake Tavily, which has no client-side pacing (Brave's one call a second, shared
-by every worker through Redis, would make this a benchmark of Brave's plan).
+A real `deepthread worker --concurrency=50` process (Celery's threads, the runs on one shared
+event loop) against SQLite (WAL) in a temporary directory, a real Redis on 127.0.0.1, the fake
+Slack, and the research fakes with the fixed latencies of `bench/engine.py`: the LLM answers every
+call in 800 ms, the search API in 300 ms, and 12 pages on 6 host names (2 a host) in 100 to
+1500 ms; each host's robots.txt in 100 ms. Search goes to the fake Tavily, which has no
+client-side pacing (Brave's one call a second, shared by every worker through Redis, would make
+this a benchmark of Brave's plan).
 
 50 users in 5 workspaces (10 each, so MAX_RUNS_PER_WORKSPACE=10 admits them all at once) each
 start one run the way the bot does (a root message, a status message in its thread, a Run row,
@@ -42,13 +43,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psutil  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
-from sqlalchemy import func, select  # noqa: E402
+from sqlalchemy import select  # noqa: E402
 
 from bench.engine import (  # noqa: E402
     FASTEST_PAGE_SECONDS, LLM_SECONDS, PAGES_PER_HOST, ROBOTS_SECONDS, ROBOTS_TXT, SEARCH_SECONDS,
     SLOWEST_PAGE_SECONDS, page_latencies,
 )
-from storage.models import Event, Run  # noqa: E402
+from storage.models import Run  # noqa: E402
 from storage.redis import connect  # noqa: E402
 from tests.fakes.corpus import HOSTS, QUESTION, Corpus  # noqa: E402
 from tests.fakes.slack_api import FakeSlack  # noqa: E402
@@ -91,7 +92,6 @@ class RunTiming(BaseModel):
     state: str
     submitted: float
     started: float | None
-    first_event: float | None
     first_edit: float | None
     finished: float | None
     delivered: float | None
@@ -220,15 +220,13 @@ def thread_replies(slack: FakeSlack, status: dict[str, Any]) -> list[float]:
 
 
 def run_timing(cluster: BenchCluster, slack: FakeSlack, run_id: int) -> RunTiming:
-    """When run `run_id` was submitted, started, first reported, first edited, finished and posted its report."""
+    """When run `run_id` was submitted, started, first edited, finished and posted its report."""
     run = cluster.run(run_id)
-    with cluster.sessions() as session:
-        first_event = session.scalar(select(func.min(Event.at)).where(Event.run_id == run_id))
     status = run.status_message
     edits = slack.edits(status["channel"], status["message_id"])
     replies = thread_replies(slack, status)
     return RunTiming(run_id=run_id, state=run.state, submitted=cluster.submitted[run_id],
-                     started=monotonic_of(run.started_at), first_event=monotonic_of(first_event),
+                     started=monotonic_of(run.started_at),
                      first_edit=edits[0].at if edits else None, finished=monotonic_of(run.finished_at),
                      delivered=max(replies) if replies and run.state in TERMINAL_STATES else None)
 
@@ -288,14 +286,13 @@ def cpu_by_second(samples: list[ProcessSample], start: float, field: str) -> lis
 
 
 def first_edit_stages(timings: list[RunTiming]) -> dict[str, list[float]]:
-    """Submit → lease taken (task picked up), → first engine event stored, → first status edit, per run."""
-    complete = [timing for timing in timings if None not in (timing.started, timing.first_event, timing.first_edit)]
+    """Submit → lease taken (task picked up) → first status edit (sent before the engine starts), per run."""
+    complete = [timing for timing in timings if None not in (timing.started, timing.first_edit)]
     if not complete:
         return {}
     return {
         "submit to lease": [timing.started - timing.submitted for timing in complete],
-        "lease to first event": [timing.first_event - timing.started for timing in complete],
-        "first event to edit": [timing.first_edit - timing.first_event for timing in complete],
+        "lease to first edit": [timing.first_edit - timing.started for timing in complete],
     }
 
 

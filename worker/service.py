@@ -8,7 +8,7 @@ import logging
 import os
 import ssl
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -24,14 +24,19 @@ from research.cpu import cpu_pool
 from storage.db import make_engine, make_session_factory, normalise_url
 from storage.models import Event, Run
 from storage.redis import connect, resolve_redis_url
-from storage.shared_limits import CancelFlags, EditBucket, RedisCircuitBreaker, RedisRateLimiter, connect_async
+from storage.shared_limits import EditBucket, RedisCircuitBreaker, RedisRateLimiter, connect_async
+from worker.cancels import CancelWatcher, redis_flags, row_flags
 from worker.delivery import RunDelivery
 from worker.leases import claim_undelivered, fail_unstartable, reap, worker_identity
+from worker.loop import RunLoop
 from worker.queue import Limits, Queue, SendTask
 from worker.runner import RunnerServices, execute
 from worker.toolkit import build_research_tools, research_options, search_config
 
 logger = logging.getLogger(__name__)
+
+# Threads for the runs' blocking calls (database checks, name lookups), beyond one per run in flight.
+BLOCKING_THREADS_BEYOND_CONCURRENCY = 4
 
 PlatformFactory = Callable[[Settings], tuple[Messenger, PlatformRenderer]]
 
@@ -68,7 +73,7 @@ def shared_ssl_context() -> ssl.SSLContext:
 
 
 class WorkerRuntime:
-    """Shared by every run in one worker process (runs execute in threads, each with its own loop)."""
+    """Shared by every run in one worker process: the runs execute on one event loop (worker.loop)."""
 
     def __init__(self, settings: Settings, *, send_task: SendTask, cpu_workers: int | None = None) -> None:
         self.settings = settings
@@ -80,17 +85,20 @@ class WorkerRuntime:
         self.send_task = send_task
         self.cpu_pool = cpu_pool(cpu_workers or min(2, os.cpu_count() or 1))
         self.ssl_context = shared_ssl_context()
+        self.cancels = CancelWatcher(redis_flags(self.redis), row_flags(self.sessions))
+        self.loop = RunLoop(blocking_threads=settings.worker_concurrency + BLOCKING_THREADS_BEYOND_CONCURRENCY)
+        self.aredis = connect_async(self.redis_url)  # its connections live on the shared loop
         self._stopping = threading.Event()
         self._reaper: threading.Thread | None = None
 
     def run(self, run_id: int) -> None:
         """Execute run `run_id` (if nobody else holds it), deliver it, then admit what waits."""
         try:
-            asyncio.run(self._run(run_id))
+            self.loop.run(self._run(run_id))
         finally:
             try:
                 self.queue.admit()
-                asyncio.run(self.refresh_waiting())
+                self.loop.run(self.refresh_waiting())
             except Exception:  # admission is retried by the reaper; never fail the task for it
                 logger.warning("admission after run %s failed", run_id, exc_info=True)
 
@@ -102,7 +110,7 @@ class WorkerRuntime:
             await asyncio.to_thread(fail_unstartable, self.sessions, run_id, f"The worker cannot start this run: {error}")
             return
         settings = self.settings
-        aredis = connect_async(self.redis_url)
+        aredis = self.aredis
         search = search_config(settings)
         llm_http = httpx.AsyncClient(verify=self.ssl_context, timeout=httpx.Timeout(60.0))
         tools = build_research_tools(
@@ -115,23 +123,21 @@ class WorkerRuntime:
         )
         tools.fetch_ssl_context = self.ssl_context
         cancel = CancelToken()
-        watcher = asyncio.create_task(cancel.watch(self._cancel_reader(aredis, run_id), interval=0.25))
         delivery = self._delivery(run_id, aredis, delivery_check)
         try:
             services = RunnerServices(sessions=self.sessions, tools=tools, options=research_options(settings),
                                       hard_deadline_grace_seconds=settings.worker_deadline_grace_seconds,
                                       lease_seconds=settings.worker_lease_seconds)
-            final = await execute(run_id, delivery.on_state if delivery else None, services=services, cancel=cancel,
-                                  owner=worker_identity())
+            with self.cancels.watching(run_id, cancel):
+                final = await execute(run_id, delivery.on_state if delivery else None, services=services,
+                                      cancel=cancel, owner=worker_identity())
             if final is not None and delivery is not None:
                 if final.state == "cancelled" and final.cancelled_by is None:
                     final = final.model_copy(update={"cancelled_by": cancel.cancelled_by})
                 await delivery.finish(final)
         finally:
-            watcher.cancel()
             await llm_http.aclose()  # ours, not the LLM client's, so its aclose() leaves it open
             await tools.search_http.aclose()
-            await aredis.aclose()
 
     def _delivery_factory(self, run_id: int) -> tuple[Messenger, PlatformRenderer] | None:
         """The run's platform messenger and renderer (None: a platform with no delivery, like the terminal);
@@ -149,38 +155,17 @@ class WorkerRuntime:
         bucket = EditBucket(aredis, capacity=self.settings.status_edits_per_minute)
         return RunDelivery(self.sessions, run_id, messenger=messenger, renderer=renderer, bucket=bucket)
 
-    def _cancel_reader(self, aredis: Any, run_id: int) -> Callable[[], Awaitable[str | None]]:
-        """Who stopped the run: the Redis flag, or the run row when Redis cannot be read."""
-        flags = CancelFlags(aredis)
-
-        def from_row() -> str | None:
-            with self.sessions() as session:
-                return session.scalar(select(Run.cancelled_by).where(Run.id == run_id))
-
-        async def cancelled_by() -> str | None:
-            try:
-                return await flags.get(run_id)
-            except Exception:
-                logger.warning("cancel flag unreadable in Redis for run %s; reading the run row", run_id)
-                return await asyncio.to_thread(from_row)
-
-        return cancelled_by
-
     async def resume_delivery(self, run_id: int) -> None:
         """Deliver a finished run whose worker stopped before its report and final status went out."""
         parts = self._delivery_factory(run_id)
-        aredis = connect_async(self.redis_url)
-        try:
-            delivery = self._delivery(run_id, aredis, parts)
-            if delivery is None:
-                return
-            with self.sessions() as session:
-                run = session.get(Run, run_id)
-                final = progress_of_stored_run(run, session.scalars(select(Event).where(Event.run_id == run_id)
-                                                                    .order_by(Event.seq)))
-            await delivery.finish(final)
-        finally:
-            await aredis.aclose()
+        delivery = self._delivery(run_id, self.aredis, parts)
+        if delivery is None:
+            return
+        with self.sessions() as session:
+            run = session.get(Run, run_id)
+            final = progress_of_stored_run(run, session.scalars(select(Event).where(Event.run_id == run_id)
+                                                                .order_by(Event.seq)))
+        await delivery.finish(final)
 
     async def refresh_waiting(self) -> None:
         """Show each waiting run's current place in the queue in its status message."""
@@ -209,7 +194,7 @@ class WorkerRuntime:
                     reap(self.sessions, self.send_task)
                     self.queue.admit()
                     for run_id in claim_undelivered(self.sessions, PLATFORMS, self.settings.worker_lease_seconds):
-                        asyncio.run(self.resume_delivery(run_id))
+                        self.loop.run(self.resume_delivery(run_id))
                 except Exception:
                     logger.warning("reaper pass failed", exc_info=True)
 
@@ -218,4 +203,9 @@ class WorkerRuntime:
 
     def stop(self) -> None:
         self._stopping.set()
+        self.cancels.stop()
+        try:
+            self.loop.run(self.aredis.aclose())
+        finally:
+            self.loop.stop()
         self.cpu_pool.shutdown(wait=False, cancel_futures=True)

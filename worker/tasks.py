@@ -1,8 +1,9 @@
 """The Celery app and its tasks: thin wrappers that hand a run id to the worker runtime.
 
 No result backend (state lives in SQL), late acknowledgement, reject on worker lost, prefetch 1.
-Research is I/O-bound, so one worker process runs WORKER_CONCURRENCY runs in threads, each with
-its own event loop; CPU-heavy steps go to one bounded process pool per worker process.
+Research is I/O-bound, so one worker process runs WORKER_CONCURRENCY runs at once: Celery hands
+each to one of its threads, which runs it on the process's one shared event loop (worker.loop) and
+waits; CPU-heavy steps go to one bounded process pool per worker process.
 """
 
 from __future__ import annotations

@@ -1,0 +1,112 @@
+"""The worker's shared event loop: runs from many threads on one loop, each cleaned up as asyncio.run would."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from worker.loop import RunLoop
+
+
+@pytest.fixture
+def run_loop() -> RunLoop:
+    loop = RunLoop(blocking_threads=8)
+    yield loop
+    loop.stop()
+
+
+def test_runs_from_many_threads_share_one_loop_and_overlap(run_loop: RunLoop) -> None:
+    seen: dict[int, tuple[int, threading.Thread]] = {}
+
+    async def one_run(index: int) -> int:
+        await asyncio.sleep(0.2)
+        seen[index] = (id(asyncio.get_running_loop()), threading.current_thread())
+        return index * 10
+
+    results: dict[int, int] = {}
+    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, run_loop.run(one_run(i)))) for i in range(20)]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    elapsed = time.monotonic() - started
+    assert results == {i: i * 10 for i in range(20)}
+    assert len({loop_id for loop_id, _ in seen.values()}) == 1
+    assert len({thread for _, thread in seen.values()}) == 1
+    assert all(thread is not threading.current_thread() for _, thread in seen.values())
+    assert elapsed < 2.0  # twenty 0.2 s runs overlapped rather than queued (4 s)
+
+
+def test_a_runs_exception_reaches_its_caller_and_the_loop_goes_on(run_loop: RunLoop) -> None:
+    async def failing() -> None:
+        await asyncio.sleep(0)
+        raise ValueError("the run broke")
+
+    async def fine() -> str:
+        return "still serving"
+
+    with pytest.raises(ValueError, match="the run broke"):
+        run_loop.run(failing())
+    assert run_loop.run(fine()) == "still serving"
+
+
+def test_tasks_a_run_leaves_behind_are_cancelled_when_it_ends_and_only_its_own(run_loop: RunLoop) -> None:
+    cancelled: list[str] = []
+    other_started = threading.Event()
+    release_other = asyncio.Event()
+    kept: list[asyncio.Task[None]] = []
+
+    async def forever(name: str) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.append(name)
+            raise
+
+    async def leaky() -> None:
+        # A task of a task: both belong to this run.
+        async def spawner() -> None:
+            kept.append(asyncio.create_task(forever("grandchild")))
+            await forever("child")
+
+        kept.append(asyncio.create_task(spawner()))
+        await asyncio.sleep(0.05)
+
+    async def other_run() -> str:
+        task = asyncio.create_task(forever("other run's child"))
+        other_started.set()
+        await release_other.wait()
+        task.cancel()
+        return "other done"
+
+    outcome: dict[str, str] = {}
+    other = threading.Thread(target=lambda: outcome.setdefault("other", run_loop.run(other_run())))
+    other.start()
+    assert other_started.wait(5)
+    run_loop.run(leaky())
+    assert sorted(cancelled) == ["child", "grandchild"]
+    assert all(task.done() for task in kept)
+    run_loop.loop.call_soon_threadsafe(release_other.set)
+    other.join(5)
+    assert outcome == {"other": "other done"}
+
+
+def test_blocking_calls_share_a_pool_as_large_as_asked(run_loop: RunLoop) -> None:
+    async def blocking_at_once() -> float:
+        started = time.monotonic()
+        await asyncio.gather(*(asyncio.to_thread(time.sleep, 0.3) for _ in range(8)))
+        return time.monotonic() - started
+
+    assert run_loop.run(blocking_at_once()) < 0.9  # eight at once, not in batches of a small default pool
+
+
+def test_running_on_the_loops_own_thread_is_refused(run_loop: RunLoop) -> None:
+    async def nested() -> None:
+        run_loop.run(asyncio.sleep(0))
+
+    with pytest.raises(RuntimeError, match="own thread"):
+        run_loop.run(nested())

@@ -1,0 +1,102 @@
+"""One event loop per worker process, on its own thread, that every run of the process shares.
+
+Research is I/O-bound: a run spends its time waiting for the LLM, the search APIs and the web.
+Fifty runs in fifty threads, each with its own loop, made fifty threads compete for the GIL;
+every wake-up (a reply arrived, a task to hand over) waited behind the others, and the status
+edits and task hand-overs of a burst of runs queued for seconds. One loop serves them all with
+one thread; the Celery threads only wait for their run's result. CPU-heavy work still goes to
+the process pool, and blocking calls to the loop's thread pool.
+
+As `asyncio.run` would, each run's leftover tasks are cancelled when it ends, so a run that
+failed half-way cannot leave work running in the shared loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import itertools
+import logging
+import threading
+import weakref
+from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# The run (one call of `RunLoop.run`) that created the task, if any: its tasks inherit it.
+_current_job: contextvars.ContextVar[int | None] = contextvars.ContextVar("deepthread_job", default=None)
+
+
+class RunLoop:
+    """A shared event loop on a daemon thread; `run(coroutine)` executes one job on it from any other thread."""
+
+    def __init__(self, *, blocking_threads: int, name: str = "deepthread-runs") -> None:
+        self.loop = asyncio.new_event_loop()
+        # Blocking calls of every run (database checks, name lookups) share this pool; asyncio's
+        # default (CPU count + 4) would make fifty runs queue behind a handful of threads.
+        self.loop.set_default_executor(ThreadPoolExecutor(max_workers=blocking_threads,
+                                                          thread_name_prefix=f"{name}-blocking"))
+        self._tasks_of_job: dict[int, weakref.WeakSet[asyncio.Task[Any]]] = {}
+        self._jobs = itertools.count(1)
+        self.loop.set_task_factory(self._task_factory)
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run `coroutine` on the shared loop and return its result (raise its exception); call from another thread."""
+        if threading.current_thread() is self._thread:
+            coroutine.close()
+            raise RuntimeError("RunLoop.run called from the loop's own thread")
+        return asyncio.run_coroutine_threadsafe(self._job(coroutine), self.loop).result()
+
+    def stop(self) -> None:
+        """Stop the loop after the jobs running now; their leftover tasks are cancelled."""
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=30)
+
+    async def _job(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        job = next(self._jobs)
+        self._tasks_of_job[job] = weakref.WeakSet()
+        _current_job.set(job)  # this task runs in its own copy of the context: only its children see it
+        try:
+            return await coroutine
+        finally:
+            await self._cancel_leftovers(job)
+
+    async def _cancel_leftovers(self, job: int) -> None:
+        current = asyncio.current_task()
+        leftovers = [task for task in self._tasks_of_job.pop(job, ()) if task is not current and not task.done()]
+        for task in leftovers:
+            task.cancel()
+        if leftovers:
+            results = await asyncio.gather(*leftovers, return_exceptions=True)
+            for result in results:
+                if isinstance(result, Exception):
+                    logger.warning("a task left behind by a run failed", exc_info=result)
+
+    def _task_factory(self, loop: asyncio.AbstractEventLoop, coroutine: Any, **kwargs: Any) -> asyncio.Task[Any]:
+        task: asyncio.Task[Any] = asyncio.Task(coroutine, loop=loop, **kwargs)
+        job = kwargs["context"].get(_current_job) if kwargs.get("context") is not None else _current_job.get()
+        if job is not None and job in self._tasks_of_job:
+            self._tasks_of_job[job].add(task)
+        return task
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_forever()
+        finally:
+            pending = [task for task in asyncio.all_tasks(self.loop) if not task.done()]
+            for task in pending:
+                task.cancel()
+            if pending:
+                self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+            self.loop.run_until_complete(self.loop.shutdown_default_executor())
+            self.loop.close()
