@@ -249,6 +249,20 @@ class EditBucket(EditBucketRules):
         return wait
 
 
+CANCEL_FLAG = "deepthread:cancel:{run_id}"
+
+
+def set_cancel_flag(redis_client: redis.Redis, run_id: int, by: str, *, key: str = CANCEL_FLAG) -> None:
+    """Mark run `run_id` as stopped by `by` (kept for a day, long after any run has ended)."""
+    redis_client.set(key.format(run_id=run_id), by, ex=ONE_DAY_SECONDS)
+
+
+def read_cancel_flags(redis_client: redis.Redis, run_ids: list[int], *, key: str = CANCEL_FLAG) -> dict[int, str]:
+    """Who stopped each of `run_ids` that someone stopped, in one round trip; raises redis errors."""
+    values = redis_client.mget([key.format(run_id=run_id) for run_id in run_ids]) if run_ids else []
+    return {run_id: _as_text(value) for run_id, value in zip(run_ids, values) if value is not None}
+
+
 @overload
 def redis_lock(redis_client: redis.asyncio.Redis, name: str, *, timeout: float,
                blocking_timeout: float | None = None) -> redis.asyncio.lock.Lock: ...

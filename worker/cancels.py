@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from research.budget import CancelToken
 from storage.models import Run
-from worker.queue import CANCEL_FLAG
+from storage.shared_limits import CANCEL_FLAG, read_cancel_flags
 
 logger = logging.getLogger(__name__)
 
@@ -31,13 +31,7 @@ ReadFlags = Callable[[list[int]], Mapping[int, str]]
 
 def redis_flags(client: redis.Redis, key: str = CANCEL_FLAG) -> ReadFlags:
     """Who stopped each of the runs, from their Redis flags (one MGET); raises redis errors."""
-
-    def read(run_ids: list[int]) -> dict[int, str]:
-        values = client.mget([key.format(run_id=run_id) for run_id in run_ids])
-        return {run_id: value.decode() if isinstance(value, bytes) else value
-                for run_id, value in zip(run_ids, values) if value is not None}
-
-    return read
+    return lambda run_ids: read_cancel_flags(client, run_ids, key=key)
 
 
 def row_flags(sessions: sessionmaker[Session]) -> ReadFlags:

@@ -20,6 +20,7 @@ from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from storage.models import Run, utcnow
+from storage.shared_limits import set_cancel_flag
 
 logger = logging.getLogger(__name__)
 
@@ -27,8 +28,6 @@ QUEUE_NAME = "deepthread"
 TASK_BY_MODE = {"research": "deepthread.research", "plan": "deepthread.plan", "chat": "deepthread.chat",
                 "followup": "deepthread.chat"}
 ADMISSION_LOCK = "deepthread:lock:admission"
-CANCEL_FLAG = "deepthread:cancel:{run_id}"
-CANCEL_FLAG_TTL_SECONDS = 24 * 3600
 # An admitted run whose task has not started within this time is sent again by the reaper.
 START_GRACE_SECONDS = 120
 ADMITTED = "admitted"
@@ -129,7 +128,7 @@ class Queue:
 
     def cancel(self, run_id: int, by: str) -> str | None:
         """Stop a run: a queued one is cancelled at once, a running one is flagged; returns the new state."""
-        self.redis.set(CANCEL_FLAG.format(run_id=run_id), by, ex=CANCEL_FLAG_TTL_SECONDS)
+        set_cancel_flag(self.redis, run_id, by)
         with self.sessions.begin() as session:
             cancelled_queued = session.execute(
                 update(Run).where(Run.id == run_id, Run.state == "queued")

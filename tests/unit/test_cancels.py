@@ -8,13 +8,16 @@ import threading
 import fakeredis
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from research.budget import CancelToken
 from sqlalchemy.orm import Session, sessionmaker
 
 from storage.models import Conversation, Run
 from worker.cancels import CancelWatcher, redis_flags, row_flags
-from worker.queue import CANCEL_FLAG, Limits, Queue
+from storage.shared_limits import CANCEL_FLAG, read_cancel_flags, set_cancel_flag
+from worker.queue import Limits, Queue
 
 
 def run_in_own_loop(watcher: CancelWatcher, run_id: int, seen: dict[int, str | None], ready: threading.Event) -> None:
@@ -69,7 +72,7 @@ def test_the_run_rows_are_read_when_redis_cannot_be(session_factory: sessionmake
             runs.append(Run(conversation_id=conversation.id, mode="research", question="q", state="running",
                             requested_by=f"slack:U{n}", workspace="T1"))
         session.add_all(runs)
-    broken = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
+    broken = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
     # The bot flags the run in Redis (here another, working, Redis) and on its row.
     queue = Queue(sessions, fakeredis.FakeRedis(), Limits(3, 10), send_task=lambda *args: None)
     assert queue.cancel(runs[0].id, "slack:U0") == "running"
@@ -123,3 +126,11 @@ def test_unreadable_flags_never_stop_the_watcher(broken_too: bool) -> None:
     token = asyncio.run(poll_twice())
     watcher.stop()
     assert token.cancelled_by == (None if broken_too else "slack:U5")
+
+
+def test_a_cancel_flag_is_read_back_for_its_run_only_and_lives_for_a_day() -> None:
+    client = fakeredis.FakeRedis()
+    set_cancel_flag(client, 7, "slack:U1")
+    assert read_cancel_flags(client, [6, 7, 8]) == {7: "slack:U1"}
+    assert read_cancel_flags(client, []) == {}
+    assert 24 * 3600 - 5 <= client.ttl(CANCEL_FLAG.format(run_id=7)) <= 24 * 3600
