@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from sqlalchemy import update
@@ -17,7 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from bot.messenger.base import Messenger, MessageRef, Place
 from bot.render.base import PlatformRenderer
-from bot.render.state import RunProgress
+from bot.render.state import RunProgress, initial_progress
 from research.report import Report
 from storage.models import Conversation, Run, utcnow
 from worker.leases import holds_attempt
@@ -139,3 +140,38 @@ class RunDelivery:
             ref = await self.messenger.upload(self.place, delivery.file)
             delivered.append({"kind": UPLOADED_FILE, "ref": ref.model_dump(mode="json") if ref else None})
             await asyncio.to_thread(self._record, attempt, delivered)
+
+
+PlatformParts = Callable[[str], "tuple[Messenger, PlatformRenderer] | None"]
+
+
+async def show_queue_positions(sessions: sessionmaker[Session], waiting: Iterable[tuple[int, int]], *,
+                               platform_parts: PlatformParts, bucket: EditBudget) -> list[int]:
+    """Show each waiting run's place in the queue in its status message; returns the runs edited.
+
+    Each edit is an ordinary one of the workspace's edit budget: when the budget is down to the
+    reserve kept for the running runs' phase changes, the position waits for the next refresh.
+    """
+    edited = []
+    for run_id, position in waiting:
+        with sessions() as session:
+            run = session.get(Run, run_id)
+            if run is None or not run.status_message or run.state != "queued" or run.celery_task_id is not None:
+                continue  # admitted or ended since the list was read: its own status is more recent
+            platform, workspace = run.conversation.platform, run.conversation.workspace
+            progress = initial_progress(run_id=run.id, mode=run.mode, question=run.question,
+                                        requested_by=run.requested_by).model_copy(update={"queue_position": position})
+            ref = MessageRef.model_validate(run.status_message)
+        parts = platform_parts(platform)
+        if parts is None:
+            continue
+        messenger, renderer = parts
+        try:
+            if not await bucket.take(workspace):
+                continue
+            await messenger.edit(ref, renderer.status(progress, now=dt.datetime.now(dt.timezone.utc)))
+        except Exception:  # a stale position is harmless; the next refresh fixes it
+            logger.warning("could not refresh queue position of run %s", run_id, exc_info=True)
+            continue
+        edited.append(run_id)
+    return edited

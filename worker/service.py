@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 import os
 import ssl
 import threading
 from collections.abc import Callable
-from typing import Any
 
 import httpx
 from sqlalchemy import Engine, select
 from sqlalchemy.engine import make_url
 
-from bot.messenger.base import Messenger, MessageRef
+from bot.messenger.base import Messenger
 from bot.render.base import PlatformRenderer
-from bot.render.state import initial_progress, progress_of_stored_run
+from bot.render.state import progress_of_stored_run
 from config import Settings
 from research.budget import CancelToken
 from research.cpu import cpu_pool
@@ -26,7 +24,7 @@ from storage.models import Event, Run
 from storage.redis import connect, resolve_redis_url
 from storage.shared_limits import EditBucket, RedisCircuitBreaker, RedisRateLimiter, connect_async
 from worker.cancels import CancelWatcher, redis_flags, row_flags
-from worker.delivery import RunDelivery
+from worker.delivery import RunDelivery, show_queue_positions
 from worker.leases import claim_undelivered, fail_unstartable, reap, worker_identity
 from worker.loop import RunLoop
 from worker.queue import Limits, Queue, SendTask
@@ -88,6 +86,7 @@ class WorkerRuntime:
         self.cancels = CancelWatcher(redis_flags(self.redis), row_flags(self.sessions))
         self.loop = RunLoop(blocking_threads=settings.worker_concurrency + BLOCKING_THREADS_BEYOND_CONCURRENCY)
         self.aredis = connect_async(self.redis_url)  # its connections live on the shared loop
+        self.edit_bucket = EditBucket(self.aredis, capacity=settings.status_edits_per_minute)
         self._stopping = threading.Event()
         self._reaper: threading.Thread | None = None
 
@@ -123,7 +122,7 @@ class WorkerRuntime:
         )
         tools.fetch_ssl_context = self.ssl_context
         cancel = CancelToken()
-        delivery = self._delivery(run_id, aredis, delivery_check)
+        delivery = self._delivery(run_id, delivery_check)
         try:
             services = RunnerServices(sessions=self.sessions, tools=tools, options=research_options(settings),
                                       hard_deadline_grace_seconds=settings.worker_deadline_grace_seconds,
@@ -148,17 +147,16 @@ class WorkerRuntime:
         factory = PLATFORMS.get(platform or "")
         return factory(self.settings) if factory is not None else None
 
-    def _delivery(self, run_id: int, aredis: Any, parts: tuple[Messenger, PlatformRenderer] | None) -> RunDelivery | None:
+    def _delivery(self, run_id: int, parts: tuple[Messenger, PlatformRenderer] | None) -> RunDelivery | None:
         if parts is None:
             return None
         messenger, renderer = parts
-        bucket = EditBucket(aredis, capacity=self.settings.status_edits_per_minute)
-        return RunDelivery(self.sessions, run_id, messenger=messenger, renderer=renderer, bucket=bucket)
+        return RunDelivery(self.sessions, run_id, messenger=messenger, renderer=renderer, bucket=self.edit_bucket)
 
     async def resume_delivery(self, run_id: int) -> None:
         """Deliver a finished run whose worker stopped before its report and final status went out."""
         parts = self._delivery_factory(run_id)
-        delivery = self._delivery(run_id, self.aredis, parts)
+        delivery = self._delivery(run_id, parts)
         if delivery is None:
             return
         with self.sessions() as session:
@@ -169,22 +167,12 @@ class WorkerRuntime:
 
     async def refresh_waiting(self) -> None:
         """Show each waiting run's current place in the queue in its status message."""
-        for run_id, position in self.queue.waiting_runs():
-            with self.sessions() as session:
-                run = session.get(Run, run_id)
-                if run is None or not run.status_message or run.state != "queued" or run.celery_task_id is not None:
-                    continue  # admitted or ended since the list was read: its own status is more recent
-                factory = PLATFORMS.get(run.conversation.platform)
-                progress = initial_progress(run_id=run.id, mode=run.mode, question=run.question,
-                                            requested_by=run.requested_by).model_copy(update={"queue_position": position})
-                ref = MessageRef.model_validate(run.status_message)
-            if factory is None:
-                continue
-            messenger, renderer = factory(self.settings)
-            try:
-                await messenger.edit(ref, renderer.status(progress, now=dt.datetime.now(dt.timezone.utc)))
-            except Exception:  # a stale position is harmless; the next refresh fixes it
-                logger.warning("could not refresh queue position of run %s", run_id, exc_info=True)
+        def platform_parts(platform: str) -> tuple[Messenger, PlatformRenderer] | None:
+            factory = PLATFORMS.get(platform)
+            return factory(self.settings) if factory is not None else None
+
+        await show_queue_positions(self.sessions, self.queue.waiting_runs(), platform_parts=platform_parts,
+                                   bucket=self.edit_bucket)
 
     def start_reaper(self) -> None:
         """Resubmit runs whose lease expired and admit waiting runs, every third of a lease."""

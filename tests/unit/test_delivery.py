@@ -12,7 +12,7 @@ from bot.render.state import initial_progress
 from research.report import Report
 from storage.models import Conversation, Run
 from tests.fakes.messenger import RecordingMessenger
-from worker.delivery import RunDelivery
+from worker.delivery import RunDelivery, show_queue_positions
 from worker.progress import InMemoryEditBucket
 
 
@@ -97,3 +97,47 @@ def test_the_first_state_is_on_the_status_message_before_on_state_returns_later_
     after_first, right_after_second = asyncio.run(two_states())
     assert after_first == 1 and messenger.edits[0][0].message_id == "101.0"
     assert right_after_second == 1  # coalesced in the background, not waited for
+
+
+def waiting_runs(sessions: sessionmaker[Session], count: int) -> list[int]:
+    with sessions.begin() as session:
+        run_ids = []
+        for index in range(count):
+            conversation = Conversation(platform="slack", workspace="T1", channel="C1", thread=f"{200 + index}.0",
+                                        created_by="slack:U0ALICE01")
+            run = Run(conversation=conversation, workspace="T1", mode="research", question=f"q{index}",
+                      requested_by="slack:U0ALICE01", state="queued",
+                      status_message={"platform": "slack", "workspace": "T1", "channel": "C1",
+                                      "message_id": f"{300 + index}.0", "thread": f"{200 + index}.0"})
+            session.add(run)
+            session.flush()
+            run_ids.append(run.id)
+        return run_ids
+
+
+def test_queue_positions_are_shown_in_each_waiting_runs_status_message(session_factory) -> None:
+    run_ids = waiting_runs(session_factory, 3)
+    messenger = RecordingMessenger()
+    edited = asyncio.run(show_queue_positions(
+        session_factory, [(run_id, position) for position, run_id in enumerate(run_ids, start=1)],
+        platform_parts=lambda platform: (messenger, SlackRenderer()), bucket=InMemoryEditBucket()))
+    assert edited == run_ids
+    assert [ref.message_id for ref, _ in messenger.edits] == ["300.0", "301.0", "302.0"]
+    shown = [str(content.text) + str(content.blocks) for _, content in messenger.edits]
+    assert all(f"position {position} in the queue" in text for position, text in enumerate(shown, start=1))
+
+
+def test_queue_positions_wait_when_the_workspaces_budget_is_down_to_its_reserve(session_factory) -> None:
+    run_ids = waiting_runs(session_factory, 3)
+    messenger = RecordingMessenger()
+    bucket = InMemoryEditBucket(capacity=4, per_seconds=3600.0)  # reserve: 1 token for phase changes
+
+    async def refresh() -> list[int]:
+        return await show_queue_positions(session_factory, [(run_id, 1) for run_id in run_ids],
+                                          platform_parts=lambda platform: (messenger, SlackRenderer()), bucket=bucket)
+
+    edited = asyncio.run(refresh())
+    assert len(edited) == 3 and len(messenger.edits) == 3
+    assert asyncio.run(refresh()) == []  # one token left, kept for a running run's phase change
+    assert len(messenger.edits) == 3
+    assert asyncio.run(bucket.take("T1", priority=True))
