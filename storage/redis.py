@@ -10,6 +10,8 @@ from contextlib import contextmanager
 from collections.abc import Iterator
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 EMBEDDED_DB_FILE = "redis.db"
 HOLDER_PREFIX = "deepthread-holder-"
@@ -129,6 +131,13 @@ def celery_broker_url(redis_url: str) -> str:
     return redis_url
 
 
-def connect(redis_url: str) -> redis.Redis:
-    """A client for `redis_url` (redis://, rediss:// or unix://)."""
+def connect(redis_url: str, *, fail_fast: bool = False) -> redis.Redis:
+    """A client for `redis_url` (redis://, rediss:// or unix://).
+
+    With `fail_fast`, a call fails within about a second when the server does not answer, without
+    redis-py's retries, for callers that have somewhere else to look.
+    """
+    if fail_fast:
+        return redis.Redis.from_url(redis_url, decode_responses=False, socket_timeout=1.0,
+                                    socket_connect_timeout=1.0, retry=Retry(NoBackoff(), 0))
     return redis.Redis.from_url(redis_url, decode_responses=False)

@@ -83,7 +83,8 @@ class WorkerRuntime:
         self.send_task = send_task
         self.cpu_pool = cpu_pool(cpu_workers or min(2, os.cpu_count() or 1))
         self.ssl_context = shared_ssl_context()
-        self.cancels = CancelWatcher(redis_flags(self.redis), row_flags(self.sessions))
+        # Its own client: with Redis down it reads the run rows within a second, not after retries.
+        self.cancels = CancelWatcher(redis_flags(connect(self.redis_url, fail_fast=True)), row_flags(self.sessions))
         self.loop = RunLoop(blocking_threads=settings.worker_concurrency + BLOCKING_THREADS_BEYOND_CONCURRENCY)
         self.aredis = connect_async(self.redis_url)  # its connections live on the shared loop
         self.edit_bucket = EditBucket(self.aredis, capacity=settings.status_edits_per_minute)

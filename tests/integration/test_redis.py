@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import redis
@@ -84,3 +86,13 @@ def test_a_process_still_holding_the_server_keeps_it_alive(tmp_path) -> None:
     # The second process exited without letting go explicitly; its exit hook shuts the server.
     with pytest.raises(redis.ConnectionError):
         connect(url).ping()
+
+
+def test_a_fail_fast_client_gives_up_within_about_a_second_when_redis_does_not_answer() -> None:
+    # A server that takes connections and never replies: a default client would wait for ever.
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        port = silent.getsockname()[1]
+        started = time.monotonic()
+        with pytest.raises(redis.TimeoutError):
+            connect(f"redis://127.0.0.1:{port}/0", fail_fast=True).get("deepthread:cancel:1")
+        assert time.monotonic() - started < 2.5
