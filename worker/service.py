@@ -110,13 +110,12 @@ class WorkerRuntime:
             await asyncio.to_thread(fail_unstartable, self.sessions, run_id, f"The worker cannot start this run: {error}")
             return
         settings = self.settings
-        aredis = self.aredis
         search = search_config(settings)
         llm_http = httpx.AsyncClient(verify=self.ssl_context, timeout=httpx.Timeout(60.0))
         tools = build_research_tools(
             settings, cpu_pool=self.cpu_pool,
-            limiter=RedisRateLimiter(aredis, search.min_interval_seconds),
-            breaker=RedisCircuitBreaker(aredis, failure_threshold=search.breaker_failure_threshold,
+            limiter=RedisRateLimiter(self.aredis, search.min_interval_seconds),
+            breaker=RedisCircuitBreaker(self.aredis, failure_threshold=search.breaker_failure_threshold,
                                         cooldown=search.breaker_cooldown_seconds),
             llm_http=llm_http,
             search_http=httpx.AsyncClient(timeout=httpx.Timeout(20.0), trust_env=True, verify=self.ssl_context),
