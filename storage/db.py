@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import sqlite3
 import threading
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, func, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
@@ -139,6 +140,17 @@ def make_engine(url: str, **options: Any) -> Engine:
         return engine
     options.setdefault("pool_pre_ping", True)
     return create_engine(url, **options)
+
+
+def database_now(session: Session) -> dt.datetime:
+    """The database server's time, in UTC: one clock for every machine that shares the database.
+
+    Leases are written by one worker and judged by another; their own clocks may disagree.
+    """
+    if session.get_bind().dialect.name == "sqlite":
+        moment = session.scalar(text("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')"))
+        return dt.datetime.fromisoformat(moment).replace(tzinfo=dt.timezone.utc)
+    return session.scalar(select(func.now())).astimezone(dt.timezone.utc)
 
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:

@@ -9,15 +9,16 @@ from collections.abc import Collection
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from storage.models import Conversation, Run, utcnow
+from storage.db import database_now
+from storage.models import Conversation, Run
 from worker.queue import ADMITTED, RESUBMITTED, START_GRACE_SECONDS, TASK_BY_MODE, SendTask
 
 
 def take_lease(sessions: sessionmaker[Session], run_id: int, owner: str, lease_seconds: float,
                now: dt.datetime | None = None) -> int | None:
     """Start a new attempt of the run if nobody holds a live lease on it; returns the attempt number."""
-    now = now or utcnow()
-    with sessions.begin() as session:  # one statement: a short write on a busy database
+    with sessions.begin() as session:  # one short write on a busy database
+        now = now or database_now(session)
         return session.execute(
             update(Run)
             .where(Run.id == run_id, Run.state.in_(("queued", "running")),
@@ -35,7 +36,7 @@ def renew_lease(sessions: sessionmaker[Session], run_id: int, attempt: int, owne
     with sessions.begin() as session:
         return bool(session.execute(
             update(Run).where(Run.id == run_id, Run.attempt == attempt, Run.lease_owner == owner, Run.state == "running")
-            .values(lease_until=utcnow() + dt.timedelta(seconds=lease_seconds))
+            .values(lease_until=database_now(session) + dt.timedelta(seconds=lease_seconds))
         ).rowcount)
 
 
@@ -51,9 +52,9 @@ def holds_attempt(session: Session, run_id: int, attempt: int, *, lock: bool = F
 
 def reap(sessions: sessionmaker[Session], send_task: SendTask, now: dt.datetime | None = None) -> list[int]:
     """Send again the runs whose lease expired (a dead worker, a lost task); returns their ids."""
-    now = now or utcnow()
     resubmitted: list[tuple[int, str, str]] = []
     with sessions.begin() as session:
+        now = now or database_now(session)
         expired = session.scalars(
             select(Run).where(Run.state.in_(("queued", "running")), Run.celery_task_id.is_not(None),
                               and_(Run.lease_until.is_not(None), Run.lease_until < now))
@@ -87,9 +88,9 @@ DELIVERING = "delivering"
 def claim_undelivered(sessions: sessionmaker[Session], platforms: Collection[str], lease_seconds: float,
                       now: dt.datetime | None = None) -> list[int]:
     """Finished runs on these platforms whose delivery never completed, claimed for delivery by the caller."""
-    now = now or utcnow()
     claimed: list[int] = []
     with sessions.begin() as session:
+        now = now or database_now(session)
         candidates = session.scalars(
             select(Run).join(Conversation)
             .where(Run.state.in_(("done", "failed", "cancelled", "timed_out")), Run.delivered_at.is_(None),
@@ -109,8 +110,8 @@ def claim_undelivered(sessions: sessionmaker[Session], platforms: Collection[str
 
 def fail_unstartable(sessions: sessionmaker[Session], run_id: int, reason: str, now: dt.datetime | None = None) -> bool:
     """End a run that no worker here can start (nobody holds a live lease on it) as failed, with the reason."""
-    now = now or utcnow()
     with sessions.begin() as session:
+        now = now or database_now(session)
         return bool(session.execute(
             update(Run).where(Run.id == run_id, Run.state.in_(("queued", "running")),
                               or_(Run.lease_until.is_(None), Run.lease_until < now,

@@ -19,7 +19,8 @@ import redis
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from storage.models import Run, utcnow
+from storage.db import database_now
+from storage.models import Run
 from storage.shared_limits import set_cancel_flag
 
 logger = logging.getLogger(__name__)
@@ -56,12 +57,11 @@ class Queue:
     """Admission over the runs table; `send_task(name, run_id, task_id)` hands a run to Celery."""
 
     def __init__(self, sessions: sessionmaker[Session], redis_client: redis.Redis, limits: Limits,
-                 send_task: SendTask, clock: Callable[[], dt.datetime] = utcnow) -> None:
+                 send_task: SendTask) -> None:
         self.sessions = sessions
         self.redis = redis_client
         self.limits = limits
         self.send_task = send_task
-        self.clock = clock
 
     def submit(self, run_id: int) -> int | None:
         """Admit what the limits allow; returns the run's queue position, or None when it was admitted."""
@@ -90,7 +90,7 @@ class Queue:
             if session.get_bind().dialect.name == "postgresql":
                 candidates = candidates.with_for_update(skip_locked=True)
             admitted: list[tuple[int, str, str]] = []
-            now = self.clock()
+            now = database_now(session)  # the clock every worker's reaper judges the start grace by
             for run in session.scalars(candidates):
                 if busy_users.get(run.requested_by, 0) >= self.limits.per_user:
                     continue
@@ -132,7 +132,8 @@ class Queue:
         with self.sessions.begin() as session:
             cancelled_queued = session.execute(
                 update(Run).where(Run.id == run_id, Run.state == "queued")
-                .values(state="cancelled", cancelled_by=by, finished_at=self.clock(), lease_owner=None, lease_until=None)
+                .values(state="cancelled", cancelled_by=by, finished_at=database_now(session), lease_owner=None,
+                        lease_until=None)
             ).rowcount
             if cancelled_queued:
                 return "cancelled"

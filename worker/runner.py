@@ -19,6 +19,7 @@ from research.events import Error
 from research.models import Passage as FoundPassage
 from research.models import SearchResult
 from research.report import Report, audit_line, render_markdown
+from storage.db import database_now
 from storage.models import Citation, Event, Message, Passage, Run, Source, utcnow
 from bot.render.state import RunProgress, apply_event, initial_progress
 from worker.leases import holds_attempt, renew_lease, take_lease, worker_identity
@@ -214,7 +215,7 @@ def _finish(sessions: sessionmaker[Session], run_id: int, attempt: int, final_st
         run.lease_owner, run.lease_until = None, None
         _record_findings(session, run, state)
         run.state = final_state
-        run.finished_at = utcnow()
+        run.finished_at = database_now(session)  # the reaper judges delivery's grace by it
         if final_state == "cancelled" and run.cancelled_by is None:
             run.cancelled_by = cancelled_by
         run.error = error
@@ -276,7 +277,7 @@ def _mark_failed(sessions: sessionmaker[Session], run_id: int, attempt: int, rea
     with sessions.begin() as session:
         run = session.get(Run, run_id)
         if run is not None and run.attempt == attempt and not run.finished:
-            run.state, run.error, run.finished_at = "failed", reason, utcnow()
+            run.state, run.error, run.finished_at = "failed", reason, database_now(session)
             run.lease_owner, run.lease_until = None, None
 
 
