@@ -11,6 +11,7 @@ import asyncio
 import datetime as dt
 import logging
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import update
@@ -20,7 +21,7 @@ from bot.messenger.base import Messenger, MessageRef, Place
 from bot.render.base import PlatformRenderer
 from bot.render.state import RunProgress, initial_progress
 from research.report import Report
-from storage.models import Conversation, Run, utcnow
+from storage.models import Run, utcnow
 from worker.leases import holds_attempt
 from worker.progress import EditBudget, StatusEditor
 
@@ -36,22 +37,42 @@ def platform_user(user: str) -> str:
     return user.split(":", 1)[1] if ":" in user else user
 
 
+@dataclass(frozen=True)
+class DeliveryTarget:
+    """Where a run speaks: its thread, its status message, and whom its report mentions."""
+
+    run_id: int
+    place: Place
+    status_ref: MessageRef | None
+    requester: str
+
+    @classmethod
+    def load(cls, sessions: sessionmaker[Session], run_id: int) -> DeliveryTarget | None:
+        """The run's target, read once; None when the run does not exist."""
+        with sessions() as session:
+            run = session.get(Run, run_id)
+            if run is None:
+                return None
+            conversation = run.conversation
+            return cls(run_id=run_id,
+                       place=Place(platform=conversation.platform, workspace=conversation.workspace,
+                                   channel=conversation.channel, thread=conversation.thread),
+                       status_ref=MessageRef.model_validate(run.status_message) if run.status_message else None,
+                       requester=platform_user(run.requested_by))
+
+
 class RunDelivery:
     """Edits one run's status message and posts its report, on the run's own platform."""
 
-    def __init__(self, sessions: sessionmaker[Session], run_id: int, *, messenger: Messenger,
+    def __init__(self, sessions: sessionmaker[Session], target: DeliveryTarget, *, messenger: Messenger,
                  renderer: PlatformRenderer, bucket: EditBudget, min_interval: float = 1.0) -> None:
         self.sessions = sessions
-        self.run_id = run_id
+        self.run_id = target.run_id
+        self.place = target.place
+        self.status_ref = target.status_ref
+        self.requester = target.requester
         self.messenger = messenger
         self.renderer = renderer
-        with sessions() as session:
-            run = session.get(Run, run_id)
-            conversation = session.get(Conversation, run.conversation_id)
-            self.place = Place(platform=conversation.platform, workspace=conversation.workspace,
-                               channel=conversation.channel, thread=conversation.thread)
-            self.status_ref = MessageRef.model_validate(run.status_message) if run.status_message else None
-            self.requester = platform_user(run.requested_by)
         self._first_shown = False
         self.editor = StatusEditor(self._edit_status, bucket=bucket, workspace=self.place.workspace,
                                    min_interval=min_interval)
@@ -153,6 +174,7 @@ async def show_queue_positions(sessions: sessionmaker[Session], waiting: Iterabl
     reserve kept for the running runs' phase changes, the position waits for the next refresh.
     """
     edited = []
+    parts_of: dict[str, tuple[Messenger, PlatformRenderer] | None] = {}  # one client per platform, not per run
     for run_id, position in waiting:
         with sessions() as session:
             run = session.get(Run, run_id)
@@ -162,7 +184,9 @@ async def show_queue_positions(sessions: sessionmaker[Session], waiting: Iterabl
             progress = initial_progress(run_id=run.id, mode=run.mode, question=run.question,
                                         requested_by=run.requested_by).model_copy(update={"queue_position": position})
             ref = MessageRef.model_validate(run.status_message)
-        parts = platform_parts(platform)
+        if platform not in parts_of:
+            parts_of[platform] = platform_parts(platform)
+        parts = parts_of[platform]
         if parts is None:
             continue
         messenger, renderer = parts

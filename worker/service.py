@@ -24,7 +24,7 @@ from storage.models import Event, Run
 from storage.redis import connect, resolve_redis_url
 from storage.shared_limits import EditBucket, RedisCircuitBreaker, RedisRateLimiter, connect_async
 from worker.cancels import CancelWatcher, redis_flags, row_flags
-from worker.delivery import RunDelivery, show_queue_positions
+from worker.delivery import DeliveryTarget, RunDelivery, show_queue_positions
 from worker.leases import claim_undelivered, fail_unstartable, reap, worker_identity
 from worker.loop import RunLoop
 from worker.queue import Limits, Queue, SendTask
@@ -104,7 +104,7 @@ class WorkerRuntime:
 
     async def _run(self, run_id: int) -> None:
         try:
-            delivery_check = self._delivery_factory(run_id)
+            delivery = self._delivery(run_id)
         except (LookupError, ValueError) as error:
             # This worker can never run it (no Slack token, say): end it with the reason instead of retrying forever.
             await asyncio.to_thread(fail_unstartable, self.sessions, run_id, f"The worker cannot start this run: {error}")
@@ -122,7 +122,6 @@ class WorkerRuntime:
         )
         tools.fetch_ssl_context = self.ssl_context
         cancel = CancelToken()
-        delivery = self._delivery(run_id, delivery_check)
         try:
             services = RunnerServices(sessions=self.sessions, tools=tools, options=research_options(settings),
                                       hard_deadline_grace_seconds=settings.worker_deadline_grace_seconds,
@@ -138,25 +137,24 @@ class WorkerRuntime:
             await llm_http.aclose()  # ours, not the LLM client's, so its aclose() leaves it open
             await tools.search_http.aclose()
 
-    def _delivery_factory(self, run_id: int) -> tuple[Messenger, PlatformRenderer] | None:
-        """The run's platform messenger and renderer (None: a platform with no delivery, like the terminal);
+    def _platform_parts(self, platform: str) -> tuple[Messenger, PlatformRenderer] | None:
+        """The platform's messenger and renderer (None: a platform with no delivery, like the terminal);
         raises LookupError when the platform is not configured here."""
-        with self.sessions() as session:
-            run = session.get(Run, run_id)
-            platform = run.conversation.platform if run is not None else None
-        factory = PLATFORMS.get(platform or "")
+        factory = PLATFORMS.get(platform)
         return factory(self.settings) if factory is not None else None
 
-    def _delivery(self, run_id: int, parts: tuple[Messenger, PlatformRenderer] | None) -> RunDelivery | None:
-        if parts is None:
+    def _delivery(self, run_id: int) -> RunDelivery | None:
+        """The run's delivery on its platform (None: no run, or nothing to deliver to); raises as `_platform_parts`."""
+        target = DeliveryTarget.load(self.sessions, run_id)
+        parts = self._platform_parts(target.place.platform) if target is not None else None
+        if target is None or parts is None:
             return None
         messenger, renderer = parts
-        return RunDelivery(self.sessions, run_id, messenger=messenger, renderer=renderer, bucket=self.edit_bucket)
+        return RunDelivery(self.sessions, target, messenger=messenger, renderer=renderer, bucket=self.edit_bucket)
 
     async def resume_delivery(self, run_id: int) -> None:
         """Deliver a finished run whose worker stopped before its report and final status went out."""
-        parts = self._delivery_factory(run_id)
-        delivery = self._delivery(run_id, parts)
+        delivery = self._delivery(run_id)
         if delivery is None:
             return
         with self.sessions() as session:
@@ -167,11 +165,7 @@ class WorkerRuntime:
 
     async def refresh_waiting(self) -> None:
         """Show each waiting run's current place in the queue in its status message."""
-        def platform_parts(platform: str) -> tuple[Messenger, PlatformRenderer] | None:
-            factory = PLATFORMS.get(platform)
-            return factory(self.settings) if factory is not None else None
-
-        await show_queue_positions(self.sessions, self.queue.waiting_runs(), platform_parts=platform_parts,
+        await show_queue_positions(self.sessions, self.queue.waiting_runs(), platform_parts=self._platform_parts,
                                    bucket=self.edit_bucket)
 
     def start_reaper(self) -> None:

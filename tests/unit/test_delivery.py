@@ -12,7 +12,7 @@ from bot.render.state import initial_progress
 from research.report import Report
 from storage.models import Conversation, Run
 from tests.fakes.messenger import RecordingMessenger
-from worker.delivery import RunDelivery, show_queue_positions
+from worker.delivery import DeliveryTarget, RunDelivery, show_queue_positions
 from worker.progress import InMemoryEditBucket
 
 
@@ -28,7 +28,7 @@ def stored_run(sessions: sessionmaker[Session], attempt: int = 1) -> int:
 
 
 def delivery(sessions: sessionmaker[Session], run_id: int, messenger: RecordingMessenger) -> RunDelivery:
-    return RunDelivery(sessions, run_id, messenger=messenger, renderer=SlackRenderer(), bucket=InMemoryEditBucket(),
+    return RunDelivery(sessions, DeliveryTarget.load(sessions, run_id), messenger=messenger, renderer=SlackRenderer(), bucket=InMemoryEditBucket(),
                        min_interval=0.0)
 
 
