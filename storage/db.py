@@ -6,6 +6,8 @@ import datetime as dt
 import os
 import sqlite3
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, func, select, text
@@ -44,20 +46,12 @@ def _writer_lock(database: str) -> threading.Lock:
 
 class _SerialisedWriterCursor(sqlite3.Cursor):
     def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
-        connection: SerialisedWriterConnection = self.connection  # type: ignore[assignment]
-        connection._before_statement(sql)
-        try:
+        with self.connection._statement(sql):  # type: ignore[attr-defined]
             return super().execute(sql, parameters)
-        finally:
-            connection._after_statement()
 
     def executemany(self, sql: str, parameters: Any, /) -> sqlite3.Cursor:
-        connection: SerialisedWriterConnection = self.connection  # type: ignore[assignment]
-        connection._before_statement(sql)
-        try:
+        with self.connection._statement(sql):  # type: ignore[attr-defined]
             return super().executemany(sql, parameters)
-        finally:
-            connection._after_statement()
 
 
 class SerialisedWriterConnection(sqlite3.Connection):
@@ -82,14 +76,17 @@ class SerialisedWriterConnection(sqlite3.Connection):
     def cursor(self, factory: Any = _SerialisedWriterCursor) -> sqlite3.Cursor:  # type: ignore[override]
         return super().cursor(factory)
 
-    def _before_statement(self, sql: str) -> None:
+    @contextmanager
+    def _statement(self, sql: str) -> Iterator[None]:
+        """Take the writer lock before a statement that opens a write transaction."""
         if (self._writer_lock is not None and not self._holds_writer_lock and not self.in_transaction
                 and sql.lstrip()[:7].upper().startswith(_SQLITE_WRITES)):
             self._holds_writer_lock = self._writer_lock.acquire(timeout=SQLITE_BUSY_TIMEOUT_MS / 1000)
-
-    def _after_statement(self) -> None:
-        if self._holds_writer_lock and not self.in_transaction:  # autocommitted, or the BEGIN itself failed
-            self._release_writer_lock()
+        try:
+            yield
+        finally:
+            if self._holds_writer_lock and not self.in_transaction:  # autocommitted, or the BEGIN itself failed
+                self._release_writer_lock()
 
     def _release_writer_lock(self) -> None:
         if self._holds_writer_lock and self._writer_lock is not None:
