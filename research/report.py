@@ -7,7 +7,7 @@ from typing import Any
 import datetime as dt
 import html
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field
@@ -233,10 +233,10 @@ def _link(url: str, text_html: str, *, css_class: str | None = None) -> str:
     return f'<a{class_attribute} href="{_escape(url)}" rel="noopener noreferrer nofollow">{text_html}</a>'
 
 
-_CODE_SPAN = re.compile(r"`([^`\n]+)`")
-_MARKDOWN_LINK = re.compile(r"\[([^\[\]\n]+)\]\(\s*((?:[^()\s]|\([^()\s]*\))+)(?:\s+\"[^\"\n]*\")?\s*\)")
-_AUTOLINK = re.compile(r"<(https?://[^\s<>]+)>", re.IGNORECASE)
-_BARE_URL = re.compile(r"\bhttps?://[^\s<>()\[\]\"'`]+", re.IGNORECASE)
+CODE_SPAN = re.compile(r"`([^`\n]+)`")
+MARKDOWN_LINK = re.compile(r"\[([^\[\]\n]+)\]\(\s*((?:[^()\s]|\([^()\s]*\))+)(?:\s+\"[^\"\n]*\")?\s*\)")
+AUTOLINK = re.compile(r"<(https?://[^\s<>]+)>", re.IGNORECASE)
+BARE_URL = re.compile(r"\bhttps?://[^\s<>()\[\]\"'`]+", re.IGNORECASE)
 _CITATION = re.compile(r"\[(\d{1,4})\]")
 _BOLD = re.compile(r"\*\*(?=\S)(.+?)(?<=\S)\*\*|__(?=\S)(.+?)(?<=\S)__")
 _ITALIC = re.compile(r"(?<![\w*])\*(?=[^\s*])(.+?)(?<=[^\s*])\*(?![\w*])|(?<![\w_])_(?=[^\s_])(.+?)(?<=[^\s_])_(?![\w_])")
@@ -244,48 +244,70 @@ _PLACEHOLDER = re.compile(r"\x00(\d+)\x00")
 _TRAILING_URL_PUNCTUATION = ".,;:!?"
 
 
-def _inline_html(text: str) -> str:
-    """Markdown inline text as escaped HTML: code, http(s) links, `[n]` citations, bold and italic."""
-    pieces: list[str] = []
+def render_inline(
+    text: str,
+    *,
+    escape: Callable[[str], str],
+    code: Callable[[str], str],
+    link: Callable[[str, str | None], str],
+    emphasis: Callable[[str], str],
+    held_apart: Sequence[tuple[re.Pattern[str], Callable[[re.Match[str]], str]]] = (),
+    bare_url: re.Pattern[str] = BARE_URL,
+) -> str:
+    """Markdown inline text in another markup, for any target (HTML here, Slack mrkdwn in bot.render).
 
-    def hold(fragment_html: str) -> str:
-        pieces.append(fragment_html)
-        return f"\x00{len(pieces) - 1}\x00"
+    Code spans, http(s) links (Markdown, `<url>` and bare) and whatever `held_apart` matches are
+    rendered first and held apart from the rest, which is escaped and then given `emphasis`; the
+    held pieces go back last, so no markup can be smuggled in through them. `code` gets escaped
+    code; `link` a safe URL and its escaped label (None: the URL is its own label). A link whose
+    URL is not a safe http(s) one stays text.
+    """
+    held: list[str] = []
+
+    def hold(fragment: str) -> str:
+        held.append(fragment)
+        return f"\x00{len(held) - 1}\x00"
 
     def markdown_link(match: re.Match[str]) -> str:
         url = safe_http_url(match.group(2))
-        if url is None:
-            return hold(_escape(match.group(0)))
-        return hold(_link(url, _escape(match.group(1))))
-
-    def bare_url(match: re.Match[str]) -> str:
-        raw = match.group(0)
-        trimmed = raw.rstrip(_TRAILING_URL_PUNCTUATION)
-        url = safe_http_url(trimmed)
-        link = _link(url, _escape(trimmed)) if url else _escape(trimmed)
-        return hold(link) + _escape(raw[len(trimmed):])
+        return hold(link(url, escape(match.group(1))) if url else escape(match.group(0)))
 
     def autolink(match: re.Match[str]) -> str:
         url = safe_http_url(match.group(1))
-        return hold(_link(url, _escape(url)) if url else _escape(match.group(0)))
+        return hold(link(url, None) if url else escape(match.group(0)))
 
-    def citation(match: re.Match[str]) -> str:
-        number = match.group(1)
-        return hold(_link_to_source(int(number)))
+    def bare(match: re.Match[str]) -> str:
+        raw = match.group(0)
+        trimmed = raw.rstrip(_TRAILING_URL_PUNCTUATION)
+        url = safe_http_url(trimmed)
+        return hold(link(url, None) if url else escape(trimmed)) + escape(raw[len(trimmed):])
 
     text = text.replace("\x00", "")
-    text = _CODE_SPAN.sub(lambda match: hold(f"<code>{_escape(match.group(1))}</code>"), text)
-    text = _MARKDOWN_LINK.sub(markdown_link, text)
-    text = _AUTOLINK.sub(autolink, text)
-    text = _BARE_URL.sub(bare_url, text)
-    text = _CITATION.sub(citation, text)
-    text = _escape(text)
-    text = _BOLD.sub(lambda match: f"<strong>{match.group(1) or match.group(2)}</strong>", text)
-    text = _ITALIC.sub(lambda match: f"<em>{match.group(1) or match.group(2)}</em>", text)
-    # Placeholders can nest (a citation inside link text never does, but be safe): restore until stable.
+    text = CODE_SPAN.sub(lambda match: hold(code(escape(match.group(1)))), text)
+    text = MARKDOWN_LINK.sub(markdown_link, text)
+    text = AUTOLINK.sub(autolink, text)
+    text = bare_url.sub(bare, text)
+    for pattern, render in held_apart:
+        text = pattern.sub(lambda match, render=render: hold(render(match)), text)
+    text = emphasis(escape(text))
+    # A held piece can hold another (a code span in link text): restore until none is left.
     while _PLACEHOLDER.search(text):
-        text = _PLACEHOLDER.sub(lambda match: pieces[int(match.group(1))], text)
+        text = _PLACEHOLDER.sub(lambda match: held[int(match.group(1))], text)
     return text
+
+
+def _inline_html(text: str) -> str:
+    """Markdown inline text as escaped HTML: code, http(s) links, `[n]` citations, bold and italic."""
+
+    def emphasis(escaped: str) -> str:
+        escaped = _BOLD.sub(lambda match: f"<strong>{match.group(1) or match.group(2)}</strong>", escaped)
+        return _ITALIC.sub(lambda match: f"<em>{match.group(1) or match.group(2)}</em>", escaped)
+
+    return render_inline(
+        text, escape=_escape, code=lambda escaped: f"<code>{escaped}</code>",
+        link=lambda url, label: _link(url, label if label is not None else _escape(url)), emphasis=emphasis,
+        held_apart=[(_CITATION, lambda match: _link_to_source(int(match.group(1))))],
+    )
 
 
 def _link_to_source(number: int) -> str:

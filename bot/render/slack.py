@@ -28,12 +28,16 @@ from bot.messenger.base import Content, FileUpload
 from bot.render.base import ReportDelivery
 from bot.render.state import RunProgress
 from research.report import (
+    AUTOLINK,
+    CODE_SPAN,
+    MARKDOWN_LINK,
     SNIPPET_LABEL,
     STOPPED_BY_USER_LINE,
     Report,
     ReportSource,
     audit_line,
     partial_notice,
+    render_inline,
     render_markdown,
     safe_http_url,
     split_title,
@@ -128,56 +132,33 @@ def markdown_paragraphs(markdown: str) -> list[str]:
 
 # --- Markdown to Slack mrkdwn ----------------------------------------------------------------------
 
-_CODE_SPAN = re.compile(r"`([^`\n]+)`")
-_MARKDOWN_LINK = re.compile(r"\[([^\[\]\n]+)\]\(\s*((?:[^()\s]|\([^()\s]*\))+)(?:\s+\"[^\"\n]*\")?\s*\)")
-_AUTOLINK = re.compile(r"<(https?://[^\s<>]+)>", re.IGNORECASE)
+# A bare URL ends at `|` too, which would split a Slack link.
 _BARE_URL = re.compile(r"\bhttps?://[^\s<>()\[\]\"'`|]+", re.IGNORECASE)
 _BOLD = re.compile(r"\*\*(?=\S)(.+?)(?<=\S)\*\*|__(?=\S)(.+?)(?<=\S)__")
 _ITALIC_STAR = re.compile(r"(?<![\w*])\*(?=[^\s*])(.+?)(?<=[^\s*])\*(?![\w*])")
 _STRIKE = re.compile(r"~~(?=\S)(.+?)(?<=\S)~~")
-_PLACEHOLDER = re.compile(r"\x00(\d+)\x00")
 _HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.*?)\s*#*\s*$")
 _RULE = re.compile(r"^\s{0,3}([-*_])(?:\s*\1){2,}\s*$")
 _BULLET = re.compile(r"^(\s*)[-*+]\s+(.*)$")
 _QUOTE = re.compile(r"^\s{0,3}>\s?(.*)$")
-_TRAILING_URL_PUNCTUATION = ".,;:!?"
 _BOLD_MARK = "\x01"
 
 
 def inline_to_mrkdwn(text: str) -> str:
     """Markdown inline text as escaped Slack mrkdwn: code, http(s) links, bold, italic and strikethrough."""
-    held: list[str] = []
 
-    def hold(fragment: str) -> str:
-        held.append(fragment)
-        return f"\x00{len(held) - 1}\x00"
+    def link(url: str, label: str | None) -> str:
+        return f"<{slack_link_url(url)}>" if label is None else f"<{slack_link_url(url)}|{label}>"
 
-    def markdown_link(match: re.Match[str]) -> str:
-        url = safe_http_url(match.group(2))
-        if url is None:
-            return hold(escape_text(match.group(0)))
-        return hold(f"<{slack_link_url(url)}|{escape_text(match.group(1))}>")
+    def emphasis(escaped: str) -> str:
+        # Bold is marked apart first: its `*` would otherwise be read as italic.
+        escaped = _BOLD.sub(lambda match: f"{_BOLD_MARK}{match.group(1) or match.group(2)}{_BOLD_MARK}", escaped)
+        escaped = _ITALIC_STAR.sub(lambda match: f"_{match.group(1)}_", escaped)
+        escaped = _STRIKE.sub(lambda match: f"~{match.group(1)}~", escaped)
+        return escaped.replace(_BOLD_MARK, "*")
 
-    def bare_url(match: re.Match[str]) -> str:
-        raw = match.group(0)
-        trimmed = raw.rstrip(_TRAILING_URL_PUNCTUATION)
-        url = safe_http_url(trimmed)
-        link = f"<{slack_link_url(url)}>" if url else escape_text(trimmed)
-        return hold(link) + escape_text(raw[len(trimmed):])
-
-    text = text.replace("\x00", "").replace(_BOLD_MARK, "")
-    text = _CODE_SPAN.sub(lambda match: hold(f"`{escape_text(match.group(1))}`"), text)
-    text = _MARKDOWN_LINK.sub(markdown_link, text)
-    text = _AUTOLINK.sub(lambda match: hold(f"<{slack_link_url(match.group(1))}>"), text)
-    text = _BARE_URL.sub(bare_url, text)
-    text = escape_text(text)
-    text = _BOLD.sub(lambda match: f"{_BOLD_MARK}{match.group(1) or match.group(2)}{_BOLD_MARK}", text)
-    text = _ITALIC_STAR.sub(lambda match: f"_{match.group(1)}_", text)
-    text = _STRIKE.sub(lambda match: f"~{match.group(1)}~", text)
-    text = text.replace(_BOLD_MARK, "*")
-    while _PLACEHOLDER.search(text):
-        text = _PLACEHOLDER.sub(lambda match: held[int(match.group(1))], text)
-    return text
+    return render_inline(text.replace(_BOLD_MARK, ""), escape=escape_text, code=lambda escaped: f"`{escaped}`",
+                         link=link, emphasis=emphasis, bare_url=_BARE_URL)
 
 
 def _code_block_to_mrkdwn(paragraph: str) -> str:
@@ -224,15 +205,15 @@ def paragraph_to_slack_markdown(paragraph: str) -> str:
         return match.group(0)
 
     if not _FENCE.match(paragraph):
-        paragraph = _AUTOLINK.sub(lambda match: match.group(1), paragraph)
-        paragraph = _MARKDOWN_LINK.sub(markdown_link, paragraph)
+        paragraph = AUTOLINK.sub(lambda match: match.group(1), paragraph)
+        paragraph = MARKDOWN_LINK.sub(markdown_link, paragraph)
     return escape_text(paragraph)
 
 
 def _has_code_with_control_characters(markdown: str) -> bool:
     """Whether code spans or fences hold `& < >`, which a `markdown` block might show as entities."""
     for paragraph in markdown_paragraphs(markdown):
-        code = paragraph if _FENCE.match(paragraph) else " ".join(_CODE_SPAN.findall(paragraph))
+        code = paragraph if _FENCE.match(paragraph) else " ".join(CODE_SPAN.findall(paragraph))
         if any(character in code for character in "&<>"):
             return True
     return False
