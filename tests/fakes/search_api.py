@@ -31,7 +31,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from research.providers import SearchConfig
-from tests.fakes.server import LoopbackServer, RecordedRequest, RequestLog
+from tests.fakes.server import LoopbackFake, RecordedRequest, RequestLog
 
 HTTP_PROVIDERS = ("tavily", "brave", "exa", "searxng")
 IN_PROCESS_ROOT = "http://127.0.0.1"
@@ -189,7 +189,7 @@ def _timed(endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[Requ
     return timed
 
 
-class FakeSearchAPI:
+class FakeSearchAPI(LoopbackFake):
     """Tavily, Brave, Exa and SearXNG behind one ASGI app, with programmable results, failures and latency."""
 
     def __init__(
@@ -207,7 +207,6 @@ class FakeSearchAPI:
         self._scripts: dict[str, list[ScriptedResponse]] = {provider: [] for provider in HTTP_PROVIDERS}
         self._logs = {provider: RequestLog() for provider in HTTP_PROVIDERS}
         self._lock = threading.Lock()
-        self._server: LoopbackServer | None = None
         self.app = Starlette(routes=[
             Route("/tavily/search", _timed(self._tavily), methods=["POST"]),
             Route("/brave/res/v1/web/search", _timed(self._brave), methods=["GET"]),
@@ -215,23 +214,7 @@ class FakeSearchAPI:
             Route("/searxng/search", _timed(self._searxng), methods=["GET"]),
         ])
 
-    # -- lifecycle -------------------------------------------------------------------------------------------------
-
-    def start(self) -> FakeSearchAPI:
-        """Serve on 127.0.0.1 at a free port (base URLs then point there)."""
-        self._server = LoopbackServer(self.app).start()
-        return self
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.stop()
-            self._server = None
-
-    def __enter__(self) -> FakeSearchAPI:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    # -- lifecycle: LoopbackFake's start, stop and `with`, serving on 127.0.0.1 at a free port --------------------
 
     def transport(self) -> httpx.ASGITransport:
         """An in-process httpx transport to this fake (no sockets); pair it with `base_url`."""
