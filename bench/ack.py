@@ -2,7 +2,7 @@
 
 The bot runs as in production: uvicorn and starlette on 127.0.0.1, the real bolt app (signature and timestamp
 check, authorization, self-event filter, event dedupe middleware), the real listener, and the real conversation
-core (`bot.slack.server.build_core`: SQLite in a temporary directory, admission through `worker.queue` on a real
+core (`bot.cli.platform_core`: SQLite in a temporary directory, admission through `worker.queue` on a real
 Redis, Celery tasks sent to that Redis with no worker consuming them, status messages posted to the fake Slack Web
 API). Each request is signed as Slack signs it and sent one after another over a kept-alive connection; the time
 to the ack is the client-measured time from sending the request to receiving the whole response. A few
@@ -27,10 +27,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sqlalchemy import func, select  # noqa: E402
 
-from bot.messenger.slack import build_slack_client  # noqa: E402
+from chat.slack.messenger import build_slack_client  # noqa: E402
 from bot.slack.app import build_slack_app  # noqa: E402
 from bot.slack.dedupe import RedisEventDeduper  # noqa: E402
-from bot.slack.server import build_core, build_http_app  # noqa: E402
+from bot.cli import platform_core  # noqa: E402
+from bot.slack.bundle import BUNDLE as SLACK  # noqa: E402
+from bot.slack.server import build_http_app  # noqa: E402
 from config import Settings, load_settings  # noqa: E402
 from storage.db import make_engine, make_session_factory  # noqa: E402
 from storage.migrate import upgrade  # noqa: E402
@@ -101,7 +103,7 @@ def main() -> None:
                                  slack_api_url=slack.api_url)
         upgrade(settings.database_url)
         client = build_slack_client(slack.token, slack.api_url)
-        core = build_core(settings, client)
+        core = platform_core(SLACK, settings)
         app = build_slack_app(settings, core, client=client, dedupe=RedisEventDeduper.from_url(redis_url))
         with LoopbackServer(build_http_app(app)) as server:
             sender = SlackEventSender(f"{server.url}/slack/events", SIGNING_SECRET, response_url=catcher.url)

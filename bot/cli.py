@@ -5,11 +5,18 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from typing import TYPE_CHECKING
 
 import httpx
 import typer
 
 from config import Settings, SettingsError, load_settings
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session, sessionmaker
+
+    from bot.conversation.core import ConversationCore
+    from bot.platform import PlatformBundle
 
 app = typer.Typer(
     help="deepthread: a research bot for Slack and Discord that cites every claim.",
@@ -38,6 +45,26 @@ def configure_logging(settings: Settings) -> None:
     logging.basicConfig(level=settings.log_level, handlers=[handler], force=True)
 
 
+def platform_bundles() -> list[PlatformBundle]:
+    """Every chat platform deepthread speaks on, one bundle each: adding a platform is one line here."""
+    from bot.console.bundle import BUNDLE as CONSOLE
+    from bot.discord.bundle import BUNDLE as DISCORD
+    from bot.slack.bundle import BUNDLE as SLACK
+
+    return [SLACK, DISCORD, CONSOLE]
+
+
+def platform_core(bundle: PlatformBundle, settings: Settings,
+                  sessions: sessionmaker[Session] | None = None) -> ConversationCore:
+    """The conversation core speaking through `bundle`'s messenger and renderer (on DATABASE_URL without `sessions`)."""
+    from bot.conversation.core import build_core
+
+    outbound = bundle.outbound(settings)
+    if outbound is None:
+        raise ValueError(f"the {bundle.name} platform has no messenger")
+    return build_core(settings, outbound.messenger, outbound.renderer, sessions=sessions)
+
+
 def settings_or_exit() -> Settings:
     """The settings, or exit 2 with the one-line reason naming the bad variable."""
     try:
@@ -64,7 +91,7 @@ def doctor() -> None:
 
     settings = settings_or_exit()
     with httpx.Client(timeout=5.0) as http:
-        checks = run_checks(settings, http)
+        checks = run_checks(settings, http, [bundle.doctor for bundle in platform_bundles() if bundle.doctor])
     typer.echo(format_checks(checks))
     if any(check.failed for check in checks):
         raise typer.Exit(code=1)
@@ -99,9 +126,10 @@ def _run_in_terminal(mode: str, question: str, options: dict, output_format: str
     from rich.console import Console
     from rich.live import Live
 
-    from bot.render.console import render_progress
+    from chat.console.render import render_progress
     from research.budget import CancelToken
-    from worker.headless import create_terminal_run, export_run
+    from bot.console.bundle import TERMINAL, TERMINAL_USER
+    from worker.headless import create_run, export_run
     from worker.runner import RunnerServices, execute
     from worker.toolkit import build_research_tools, research_options
 
@@ -118,7 +146,7 @@ def _run_in_terminal(mode: str, question: str, options: dict, output_format: str
         typer.echo(str(error), err=True)
         raise typer.Exit(code=2) from None
     sessions = _database(settings)
-    run_id = create_terminal_run(sessions, mode=mode, question=question, options=options)
+    run_id = create_run(sessions, place=TERMINAL, requester=TERMINAL_USER, mode=mode, question=question, options=options)
     console = Console(stderr=True)
 
     async def main() -> str:
@@ -231,8 +259,8 @@ def chat() -> None:
 
     from bot.console.chat import TerminalChat
     from bot.conversation.core import build_core
-    from bot.messenger.console import ConsoleMessenger
-    from bot.render.console import ConsoleRenderer
+    from chat.console.messenger import ConsoleMessenger
+    from chat.console.render import ConsoleRenderer
 
     settings = settings_or_exit()
     _require_llm(settings)
@@ -253,14 +281,16 @@ def up() -> None:
     _require_llm(settings)
     _database(settings)
     command = [sys.executable, "-m", "bot.cli"]
+    bundles = [bundle for bundle in platform_bundles() if bundle.adapter_command]
+    adapters = [bundle.adapter_command for bundle in bundles if bundle.configured(settings)]
     children: list[subprocess.Popen[bytes]] = [subprocess.Popen([*command, "worker"])]
-    if settings.secret("slack_bot_token"):
-        children.append(subprocess.Popen([*command, "slack"]))
+    children.extend(subprocess.Popen([*command, adapter]) for adapter in adapters)
     try:
-        if len(children) == 1 and sys.stdin.isatty():
+        if not adapters and sys.stdin.isatty():
             chat()
-        elif len(children) == 1:
-            typer.echo("No platform is configured (SLACK_BOT_TOKEN) and no terminal is attached: running the "
+        elif not adapters:
+            tokens = " or ".join(bundle.missing_setting for bundle in bundles)
+            typer.echo(f"No platform is configured ({tokens}) and no terminal is attached: running the "
                        "worker only. Use `deepthread research \"question\"` or `deepthread chat`.", err=True)
             children[0].wait()
         else:
@@ -292,7 +322,7 @@ def worker_command(
         settings = settings.model_copy(update={"worker_concurrency": concurrency})
     _database(settings)
     configure_logging(settings)
-    celery = configure(settings)
+    celery = configure(settings, platforms=platform_bundles())
     celery.worker_main(worker_argv(settings, hostname=hostname))
 
 
@@ -302,17 +332,67 @@ def slack_command(
     host: str = typer.Option("0.0.0.0", "--host", help="Address to listen on."),
 ) -> None:
     """Run the Slack bot: Socket Mode when SLACK_APP_TOKEN is set, otherwise HTTP mode at /slack/events."""
-    from bot.slack.server import require_slack_settings, run
+    from bot.slack.bundle import BUNDLE, missing_adapter_setting
+    from bot.slack.server import run
 
     settings = settings_or_exit()
-    try:
-        require_slack_settings(settings)
-    except ValueError as error:
-        typer.echo(str(error), err=True)
-        raise typer.Exit(code=2) from None
-    _database(settings)
+    problem = missing_adapter_setting(settings)
+    if problem is not None:
+        typer.echo(problem, err=True)
+        raise typer.Exit(code=2)
+    sessions = _database(settings)
     configure_logging(settings)
-    run(settings, host=host, port=port)
+    run(settings, platform_core(BUNDLE, settings, sessions), host=host, port=port)
+
+
+@app.command("discord")
+def discord_command(
+    sync: bool = typer.Option(False, "--sync", help="Also sync the commands globally (Discord caps command "
+                                                    "creations at 200 a day; they take up to an hour to appear)."),
+) -> None:
+    """Run the Discord bot: slash commands (synced to DISCORD_GUILD_IDS at start), threads, follow-ups, reactions."""
+    import asyncio
+
+    from bot.discord.app import DiscordBot, message_content_allowed
+    from bot.discord.bundle import BUNDLE, TOKEN_SETTING, http
+
+    settings = settings_or_exit()
+    token = settings.secret("discord_bot_token")
+    if token is None:
+        typer.echo(f"{TOKEN_SETTING} is required for the Discord bot (see the README's Discord section).", err=True)
+        raise typer.Exit(code=2)
+    sessions = _database(settings)
+    configure_logging(settings)
+    core = platform_core(BUNDLE, settings, sessions)
+
+    async def serve() -> None:
+        probe = http(settings)
+        try:
+            message_content = await message_content_allowed(probe)
+        finally:
+            await probe.aclose()
+        bot = DiscordBot(settings, core, core.messenger, renderer=core.renderer, message_content=message_content)
+        bot.sync_globally = sync
+        await bot.run(token)
+
+    try:
+        asyncio.run(serve())
+    except KeyboardInterrupt:
+        pass
+
+
+@app.command("discord-invite")
+def discord_invite() -> None:
+    """Print the OAuth2 URL that adds the bot to a server (scopes bot and applications.commands, only the
+    permissions it uses)."""
+    from bot.discord.bundle import invite_url
+
+    settings = settings_or_exit()
+    if not settings.discord_application_id:
+        typer.echo("DISCORD_APPLICATION_ID is not set: copy it from the developer portal (General Information → "
+                   "Application ID) into .env.", err=True)
+        raise typer.Exit(code=2)
+    typer.echo(invite_url(settings.discord_application_id))
 
 
 def main() -> None:

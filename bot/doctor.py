@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Literal
 
 import httpx
@@ -29,7 +30,7 @@ class Check(BaseModel):
         return self.required and self.status in ("missing", "error")
 
 
-def _describe_http_error(error: Exception) -> str:
+def describe_http_error(error: Exception) -> str:
     if isinstance(error, httpx.TimeoutException):
         return "timed out"
     if isinstance(error, httpx.ConnectError):
@@ -76,7 +77,7 @@ def check_llm(settings: Settings, http: httpx.Client) -> list[Check]:
         response = http.get(f"{settings.llm_base_url.rstrip('/')}/models", headers=headers)
     except httpx.HTTPError as error:
         checks.append(Check(component="llm endpoint", status="error",
-                            detail=f"{settings.llm_base_url}: {_describe_http_error(error)}", required=True))
+                            detail=f"{settings.llm_base_url}: {describe_http_error(error)}", required=True))
         return checks
     if response.status_code == 401:
         detail = "answers 401: LLM_API_KEY is missing" if not key else "answers 401: LLM_API_KEY is rejected"
@@ -93,7 +94,7 @@ def _probe(http: httpx.Client, url: str, headers: dict[str, str] | None = None) 
     try:
         http.get(url, headers=headers or {})
     except httpx.HTTPError as error:
-        return _describe_http_error(error)
+        return describe_http_error(error)
     return None
 
 
@@ -119,39 +120,13 @@ def check_search(settings: Settings, http: httpx.Client) -> list[Check]:
     return checks
 
 
-def check_slack(settings: Settings, http: httpx.Client) -> Check:
-    token = settings.secret("slack_bot_token")
-    if not token:
-        return Check(component="slack", status="off", detail="SLACK_BOT_TOKEN not set")
-    mode = "Socket Mode" if settings.secret("slack_app_token") else "HTTP mode"
-    if mode == "HTTP mode" and not settings.secret("slack_signing_secret"):
-        return Check(component="slack", status="missing", detail="HTTP mode needs SLACK_SIGNING_SECRET (or set SLACK_APP_TOKEN)", required=True)
-    try:
-        answer = http.post(settings.slack_api_url + "auth.test", headers={"Authorization": f"Bearer {token}"}).json()
-    except (httpx.HTTPError, ValueError) as error:
-        return Check(component="slack", status="error", detail=f"auth.test failed: {_describe_http_error(error)}", required=True)
-    if not answer.get("ok"):
-        return Check(component="slack", status="error", detail=f"auth.test: {answer.get('error', 'not ok')}", required=True)
-    return Check(component="slack", status="ok", detail=f"{mode}; signed in as {answer.get('user', '?')} in {answer.get('team', '?')}", required=True)
+PlatformCheck = Callable[[Settings, httpx.Client], Check]
 
 
-def check_discord(settings: Settings, http: httpx.Client) -> Check:
-    token = settings.secret("discord_bot_token")
-    if not token:
-        return Check(component="discord", status="off", detail="DISCORD_BOT_TOKEN not set")
-    try:
-        response = http.get(settings.discord_api_url + "/users/@me", headers={"Authorization": f"Bot {token}"})
-    except httpx.HTTPError as error:
-        return Check(component="discord", status="error", detail=_describe_http_error(error), required=True)
-    if response.status_code != 200:
-        return Check(component="discord", status="error", detail=f"/users/@me answers HTTP {response.status_code}", required=True)
-    return Check(component="discord", status="ok", detail=f"signed in as {response.json().get('username', '?')}", required=True)
-
-
-def run_checks(settings: Settings, http: httpx.Client) -> list[Check]:
-    """Check every component; never raises for a component that is down."""
+def run_checks(settings: Settings, http: httpx.Client, platform_checks: Iterable[PlatformCheck] = ()) -> list[Check]:
+    """Check every component, each platform with its bundle's check; never raises for a component that is down."""
     checks = [check_database(settings), check_redis(settings), *check_llm(settings, http),
-              *check_search(settings, http), check_slack(settings, http), check_discord(settings, http)]
+              *check_search(settings, http), *(check(settings, http) for check in platform_checks)]
     return [check.model_copy(update={"detail": _redact(settings, check.detail)}) for check in checks]
 
 

@@ -90,6 +90,7 @@ class Settings(BaseSettings):
     slack_signing_secret: SecretStr | None = None
     slack_api_url: HttpUrl = "https://slack.com/api/"
     discord_bot_token: SecretStr | None = None
+    discord_application_id: str | None = None
     discord_api_url: HttpUrl = "https://discord.com/api/v10"
     discord_guild_ids: CommaList = Field(default_factory=list)
 
@@ -132,6 +133,20 @@ class Settings(BaseSettings):
 
         parse_resolve_overrides(value)
         return value
+
+    @field_validator("discord_guild_ids")
+    @classmethod
+    def _snowflakes(cls, value: list[str]) -> list[str]:
+        if any(not item.isdigit() for item in value):
+            raise ValueError("must be a comma list of numeric guild ids, e.g. 123456789012345678")
+        return value
+
+    @field_validator("discord_application_id")
+    @classmethod
+    def _application_id(cls, value: str | None) -> str | None:
+        if value and not value.isdigit():
+            raise ValueError("must be the numeric application id from the developer portal")
+        return value or None
 
     @field_validator("slack_api_url")
     @classmethod

@@ -254,7 +254,7 @@ def render_inline(
     held_apart: Sequence[tuple[re.Pattern[str], Callable[[re.Match[str]], str]]] = (),
     bare_url: re.Pattern[str] = BARE_URL,
 ) -> str:
-    """Markdown inline text in another markup, for any target (HTML here, Slack mrkdwn in bot.render).
+    """Markdown inline text in another markup, for any target (HTML here, Slack mrkdwn in chat.slack.render).
 
     Code spans, http(s) links (Markdown, `<url>` and bare) and whatever `held_apart` matches are
     rendered first and held apart from the rest, which is escaped and then given `emphasis`; the

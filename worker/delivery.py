@@ -17,9 +17,10 @@ from typing import Any
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
-from bot.messenger.base import Messenger, MessageRef, Place
-from bot.render.base import PlatformRenderer
-from bot.render.state import RunProgress, initial_progress
+from chat.message import Messenger, MessageRef, Place
+from chat.platform import Outbound
+from chat.render import PlatformRenderer
+from chat.state import RunProgress, initial_progress
 from research.report import Report
 from storage.models import Run, utcnow
 from worker.leases import holds_attempt
@@ -163,7 +164,7 @@ class RunDelivery:
             await asyncio.to_thread(self._record, attempt, delivered)
 
 
-PlatformParts = Callable[[str], "tuple[Messenger, PlatformRenderer] | None"]
+PlatformParts = Callable[[str], "Outbound | None"]
 
 
 async def show_queue_positions(sessions: sessionmaker[Session], waiting: Iterable[tuple[int, int]], *,
@@ -174,7 +175,7 @@ async def show_queue_positions(sessions: sessionmaker[Session], waiting: Iterabl
     reserve kept for the running runs' phase changes, the position waits for the next refresh.
     """
     edited = []
-    parts_of: dict[str, tuple[Messenger, PlatformRenderer] | None] = {}  # one client per platform, not per run
+    parts_of: dict[str, Outbound | None] = {}  # one client per platform, not per run
     for run_id, position in waiting:
         with sessions() as session:
             run = session.get(Run, run_id)
@@ -184,16 +185,13 @@ async def show_queue_positions(sessions: sessionmaker[Session], waiting: Iterabl
             progress = initial_progress(run_id=run.id, mode=run.mode, question=run.question,
                                         requested_by=run.requested_by).model_copy(update={"queue_position": position})
             ref = MessageRef.model_validate(run.status_message)
-        if platform not in parts_of:
-            parts_of[platform] = platform_parts(platform)
-        parts = parts_of[platform]
-        if parts is None:
-            continue
-        messenger, renderer = parts
         try:
-            if not await bucket.take(workspace):
+            if platform not in parts_of:
+                parts_of[platform] = platform_parts(platform)
+            parts = parts_of[platform]
+            if parts is None or not await bucket.take(workspace):
                 continue
-            await messenger.edit(ref, renderer.status(progress, now=dt.datetime.now(dt.timezone.utc)))
+            await parts.messenger.edit(ref, parts.renderer.status(progress, now=dt.datetime.now(dt.timezone.utc)))
         except Exception:  # a stale position is harmless; the next refresh fixes it
             logger.warning("could not refresh queue position of run %s", run_id, exc_info=True)
             continue

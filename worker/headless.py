@@ -1,4 +1,4 @@
-"""Runs started from the terminal: creating them, listing them, exporting their reports."""
+"""Runs outside a chat thread (the terminal): creating them, listing them, exporting their reports."""
 
 from __future__ import annotations
 
@@ -8,22 +8,20 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from chat.message import Place
 from research.report import Report, render_html, render_json, render_markdown
 from storage.models import Conversation, Message, Run
 
-TERMINAL_PLACE = {"platform": "cli", "workspace": "local", "channel": "terminal"}
-TERMINAL_USER = "cli:local"
-
-
-def create_terminal_run(sessions: sessionmaker[Session], *, mode: str, question: str, options: dict[str, Any],
-                        plan: dict[str, Any] | None = None) -> int:
-    """A conversation of its own and a queued run in it; returns the run id."""
+def create_run(sessions: sessionmaker[Session], *, place: Place, requester: str, mode: str, question: str,
+               options: dict[str, Any], plan: dict[str, Any] | None = None) -> int:
+    """A conversation of its own in `place`'s channel and a queued run in it; returns the run id."""
     with sessions.begin() as session:
-        conversation = Conversation(**TERMINAL_PLACE, thread=uuid.uuid4().hex, created_by=TERMINAL_USER)
-        run = Run(conversation=conversation, workspace=TERMINAL_PLACE["workspace"], mode=mode, question=question,
-                  options=options, plan=plan, requested_by=TERMINAL_USER)
+        conversation = Conversation(platform=place.platform, workspace=place.workspace, channel=place.channel,
+                                    thread=uuid.uuid4().hex, created_by=requester)
+        run = Run(conversation=conversation, workspace=place.workspace, mode=mode, question=question,
+                  options=options, plan=plan, requested_by=requester)
         session.add_all([conversation, run,
-                         Message(conversation=conversation, role="user", author=TERMINAL_USER, text=question, mode=mode)])
+                         Message(conversation=conversation, role="user", author=requester, text=question, mode=mode)])
         session.flush()
         return run.id
 

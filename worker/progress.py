@@ -9,7 +9,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from bot.render.state import RunProgress
+from chat.state import RunProgress
 from storage.shared_limits import EditBucketRules
 
 logger = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from research.models import SearchResult
 from research.report import Report, audit_line, render_markdown
 from storage.db import database_now
 from storage.models import Citation, Event, Message, Passage, Run, Source, utcnow
-from bot.render.state import RunProgress, apply_event, initial_progress
+from chat.state import RunProgress, apply_event, initial_progress
 from worker.leases import holds_attempt, renew_lease, take_lease, worker_identity
 
 logger = logging.getLogger(__name__)

@@ -7,15 +7,14 @@ import logging
 import os
 import ssl
 import threading
-from collections.abc import Callable
+from collections.abc import Iterable
 
 import httpx
 from sqlalchemy import Engine, select
 from sqlalchemy.engine import make_url
 
-from bot.messenger.base import Messenger
-from bot.render.base import PlatformRenderer
-from bot.render.state import progress_of_stored_run
+from chat.platform import Outbound, OutboundPlatform
+from chat.state import progress_of_stored_run
 from config import Settings
 from research.budget import CancelToken
 from research.cpu import cpu_pool
@@ -35,22 +34,6 @@ logger = logging.getLogger(__name__)
 
 # Threads for the runs' blocking calls (database checks, name lookups), beyond one per run in flight.
 BLOCKING_THREADS_BEYOND_CONCURRENCY = 4
-
-PlatformFactory = Callable[[Settings], tuple[Messenger, PlatformRenderer]]
-
-
-def slack_platform(settings: Settings) -> tuple[Messenger, PlatformRenderer]:
-    from bot.messenger.slack import SlackMessenger, build_slack_client
-    from bot.render.slack import SlackRenderer
-
-    token = settings.secret("slack_bot_token")
-    if not token:
-        raise LookupError("SLACK_BOT_TOKEN is not set")
-    return SlackMessenger(build_slack_client(token, settings.slack_api_url)), SlackRenderer()
-
-
-PLATFORMS: dict[str, PlatformFactory] = {"slack": slack_platform}
-
 
 def worker_engine(settings: Settings) -> Engine:
     """The worker process's database engine, with a pooled connection for every run in flight."""
@@ -73,8 +56,11 @@ def shared_ssl_context() -> ssl.SSLContext:
 class WorkerRuntime:
     """Shared by every run in one worker process: the runs execute on one event loop (worker.loop)."""
 
-    def __init__(self, settings: Settings, *, send_task: SendTask, cpu_workers: int | None = None) -> None:
+    def __init__(self, settings: Settings, *, send_task: SendTask, platforms: Iterable[OutboundPlatform] = (),
+                 cpu_workers: int | None = None) -> None:
         self.settings = settings
+        self.platforms = {platform.name: platform for platform in platforms}
+        self._outbound: dict[str, Outbound | None] = {}
         self.redis_url = resolve_redis_url(settings.redis_url, settings.data_dir)
         self.redis = connect(self.redis_url)
         self.sessions = make_session_factory(worker_engine(settings))
@@ -137,11 +123,27 @@ class WorkerRuntime:
             await llm_http.aclose()  # ours, not the LLM client's, so its aclose() leaves it open
             await tools.search_http.aclose()
 
-    def _platform_parts(self, platform: str) -> tuple[Messenger, PlatformRenderer] | None:
-        """The platform's messenger and renderer (None: a platform with no delivery, like the terminal);
-        raises LookupError when the platform is not configured here."""
-        factory = PLATFORMS.get(platform)
-        return factory(self.settings) if factory is not None else None
+    def _platform_parts(self, platform: str) -> Outbound | None:
+        """The platform's messenger and renderer (None: a platform that shows its runs itself, like the terminal);
+        raises LookupError when this worker does not know the platform or it is not configured here."""
+        if platform not in self._outbound:
+            known = self.platforms.get(platform)
+            if known is None:
+                raise LookupError(f"this worker does not deliver to {platform}")
+            # One per process: its HTTP connections and the platform's rate-limit state serve every run.
+            self._outbound[platform] = known.outbound(self.settings)
+        return self._outbound[platform]
+
+    def _delivering_platforms(self) -> list[str]:
+        """The platforms whose finished runs this worker can deliver."""
+        names = []
+        for name in self.platforms:
+            try:
+                if self._platform_parts(name) is not None:
+                    names.append(name)
+            except LookupError:
+                continue
+        return names
 
     def _delivery(self, run_id: int) -> RunDelivery | None:
         """The run's delivery on its platform (None: no run, or nothing to deliver to); raises as `_platform_parts`."""
@@ -149,8 +151,7 @@ class WorkerRuntime:
         parts = self._platform_parts(target.place.platform) if target is not None else None
         if target is None or parts is None:
             return None
-        messenger, renderer = parts
-        return RunDelivery(self.sessions, target, messenger=messenger, renderer=renderer, bucket=self.edit_bucket)
+        return RunDelivery(self.sessions, target, messenger=parts.messenger, renderer=parts.renderer, bucket=self.edit_bucket)
 
     async def resume_delivery(self, run_id: int) -> None:
         """Deliver a finished run whose worker stopped before its report and final status went out."""
@@ -175,7 +176,8 @@ class WorkerRuntime:
                 try:
                     reap(self.sessions, self.send_task)
                     self.queue.admit()
-                    for run_id in claim_undelivered(self.sessions, PLATFORMS, self.settings.worker_lease_seconds):
+                    for run_id in claim_undelivered(self.sessions, self._delivering_platforms(),
+                                                    self.settings.worker_lease_seconds):
                         self.loop.run(self.resume_delivery(run_id))
                 except Exception:
                     logger.warning("reaper pass failed", exc_info=True)

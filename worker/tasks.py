@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 
 from celery import Celery, signals
 
+from chat.platform import OutboundPlatform
 from config import Settings, get_settings
 from storage.redis import celery_broker_url, resolve_redis_url
 from worker.queue import QUEUE_NAME
@@ -38,9 +40,15 @@ app.conf.update(
 )
 
 
-def configure(settings: Settings) -> Celery:
-    """Point the app at the broker of these settings (the embedded Redis when REDIS_URL is empty)."""
+_platforms: list[OutboundPlatform] = []
+
+
+def configure(settings: Settings, *, platforms: Sequence[OutboundPlatform] = ()) -> Celery:
+    """Point the app at the broker of these settings (the embedded Redis when REDIS_URL is empty); a worker
+    process also gets the chat platforms it delivers to (the composition root's bundles)."""
     app.conf.broker_url = celery_broker_url(resolve_redis_url(settings.redis_url, settings.data_dir))
+    if platforms:
+        _platforms[:] = platforms
     return app
 
 
@@ -55,7 +63,7 @@ def runtime():  # type: ignore[no-untyped-def]
         if _runtime is None:
             from worker.service import WorkerRuntime
 
-            _runtime = WorkerRuntime(get_settings(), send_task=send_task)
+            _runtime = WorkerRuntime(get_settings(), send_task=send_task, platforms=_platforms)
         return _runtime
 
 

@@ -18,17 +18,16 @@ from rich.console import Console
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from bot.console.bundle import TERMINAL, TERMINAL_USER
 from bot.conversation.core import ConversationCore
 from bot.conversation.events import ChatEvent
-from bot.messenger.base import MessageRef, Place
-from bot.messenger.console import ConsoleMessenger
-from bot.render.console import ConsoleRenderer
-from bot.render.state import RunProgress, initial_progress, progress_of_stored_run
+from chat.message import MessageRef, Place
+from chat.console.messenger import ConsoleMessenger, renderable_for
+from chat.console.render import ConsoleRenderer
+from chat.state import RunProgress, initial_progress, progress_of_stored_run
 from research.report import Report
 from storage.models import Event, Run
 
-USER = "cli:local"
-PLACE = {"platform": "cli", "workspace": "local", "channel": "terminal"}
 SLASH = {"/research": "research:", "/plan": "plan:", "/ask": "ask:"}
 POLL_SECONDS = 0.2
 GREETING = ("deepthread — ask a question, or /research, /plan, /ask. In this thread: follow-ups, [bold]go[/] to run a "
@@ -72,11 +71,12 @@ class TerminalChat:
     async def say(self, line: str) -> None:
         """Hand one line to the core in this session's thread, then follow the run it started."""
         message_id = uuid.uuid4().hex
-        event = ChatEvent(**PLACE, user=USER, kind="direct" if self.thread is None else "message",
+        event = ChatEvent(platform=TERMINAL.platform, workspace=TERMINAL.workspace, channel=TERMINAL.channel,
+                          user=TERMINAL_USER, kind="direct" if self.thread is None else "message",
                           text=as_thread_text(line), thread=self.thread, message_id=message_id)
         outcome = await self.core.handle(event)
         for reply in outcome.replies:
-            self.console.print(reply.text, markup=False, highlight=False)
+            self.console.print(renderable_for(self.renderer.reply(reply.text, person=reply.person)))
         if outcome.thread:
             self.thread = outcome.thread
         if outcome.run_id is not None:
@@ -91,7 +91,7 @@ class TerminalChat:
             nonlocal stop_requests
             stop_requests += 1
             if stop_requests == 1:
-                self.core.queue.cancel(run_id, USER)
+                self.core.queue.cancel(run_id, TERMINAL_USER)
             else:
                 raise KeyboardInterrupt
 
@@ -112,7 +112,7 @@ class TerminalChat:
             loop.remove_signal_handler(signal.SIGINT)
         self.messenger.close()
         if run.report_json is not None:
-            delivery = self.renderer.report(Report.model_validate(run.report_json), requester=USER)
+            delivery = self.renderer.report(Report.model_validate(run.report_json), requester=TERMINAL_USER)
             for content in delivery.messages:
                 await self.messenger.post(_place(self.thread), content)
         elif run.error:
@@ -135,7 +135,7 @@ class TerminalChat:
 
 
 def _place(thread: str | None) -> Place:
-    return Place(**PLACE, thread=thread)
+    return TERMINAL.model_copy(update={"thread": thread})
 
 
 def _now() -> dt.datetime:

@@ -14,13 +14,13 @@ KNOWN_OPTIONS = "--since DATE, --site DOMAIN (repeatable), --deep, --quick"
 USAGE = ("Usage: `/research <question>` for a cited report, `/plan <question>` for a plan to approve first, "
          f"`/ask <question>` for a quick answer. Options: {KNOWN_OPTIONS}.")
 HELP = (
-    "*deepthread* researches the web and answers in a thread, citing every claim.\n"
+    "**deepthread** researches the web and answers in a thread, citing every claim.\n"
     "• `/research <question>` — a cited report (options: --since 2024-01-01, --site example.com, --deep, --quick)\n"
-    "• `/plan <question>` — a research plan first; reply *go* (or react ✅) to run it, or reply with changes\n"
+    "• `/plan <question>` — a research plan first; reply **go** (or react ✅) to run it, or reply with changes\n"
     "• `/ask <question>` — a quick answer with no web search\n"
     "• Mention me or DM me: a quick answer, or start with `research:` or `plan:`\n"
-    "• In a thread I answered: ask follow-ups (answered from the sources I read), say *dig deeper* for more "
-    "research, or *cancel* (or react ❌) to stop a run and keep what was found."
+    "• In a thread I answered: ask follow-ups (answered from the sources I read), say **dig deeper** for more "
+    "research, or **cancel** (or react ❌) to stop a run and keep what was found."
 )
 
 _OPTION = re.compile(r"(?<!\S)--([A-Za-z][\w-]*)(?:=(\S+))?")

@@ -19,9 +19,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from bot.conversation import commands
 from bot.conversation.commands import Mode, Request, UsageProblem
 from bot.conversation.events import ChatEvent, Outcome, Reply
-from bot.messenger.base import FileUpload, MessageRef, Messenger, Place
-from bot.render.base import PlatformRenderer
-from bot.render.state import initial_progress
+from chat.message import FileUpload, MessageRef, Messenger, Place
+from chat.render import PERSON, PlatformRenderer
+from chat.state import initial_progress
 from research.report import Report, render_markdown
 from storage.models import TERMINAL_STATES, Conversation, Message, Run
 from worker.queue import Queue
@@ -48,12 +48,12 @@ class CoreSettings:
 
 def busy_reply(run: Run) -> Reply:
     return Reply(private=True, text=("A run is already in progress in this thread. Wait for it to finish, or stop it "
-                                     "by replying *cancel* or reacting ❌ on its status message."))
+                                     "by replying **cancel** or reacting ❌ on its status message."))
 
 
 def not_allowed_reply(run: Run) -> Reply:
-    who = run.requested_by.split(":", 1)[-1]
-    return Reply(private=True, text=f"Only the person who started this run (<@{who}>) or an admin can stop it.")
+    return Reply(private=True, text=f"Only the person who started this run ({PERSON}) or an admin can stop it.",
+                 person=run.requested_by)
 
 
 @dataclass
@@ -118,14 +118,15 @@ class ConversationCore:
             request = commands.parse_request(text, default_mode)
         except UsageProblem as problem:
             return Outcome(replies=[Reply(text=str(problem), private=True)])
-        if event.kind == "command":
-            root = await self.messenger.post(
+        if event.kind == "command" and event.thread is None:
+            # A command in a channel opens a thread of its own, with the run's status message in place at once.
+            waiting = initial_progress(run_id=0, mode=request.mode, question=request.question, requested_by=event.user)
+            opened = await self.messenger.open_thread(
                 Place(platform=event.platform, workspace=event.workspace, channel=event.channel),
-                self.renderer.notice(f"{self._label(request.mode)}: {request.question}"),
-            )
-            thread = root.message_id
-        else:
-            thread = event.thread or event.message_id or ""
+                title=self.renderer.notice(f"{self._label(request.mode)}: {request.question}"),
+                status=self.renderer.status(waiting, now=_now()))
+            return await self._start(event, opened.thread, request, status=opened.status)
+        thread = event.thread or event.message_id or ""
         view = await asyncio.to_thread(self._thread, event.platform, event.workspace, event.channel, thread)
         if view is not None and view.active is not None:
             return Outcome(replies=[busy_reply(view.active)], thread=thread)
@@ -137,8 +138,8 @@ class ConversationCore:
 
     async def _start(self, event: ChatEvent, thread: str, request: Request, *, plan: dict[str, Any] | None = None,
                      history: list[tuple[str, str, bool]] | None = None, extra_options: dict[str, Any] | None = None,
-                     mode: str | None = None) -> Outcome:
-        """Store the run, post its status message in the thread, then submit it."""
+                     mode: str | None = None, status: MessageRef | None = None) -> Outcome:
+        """Store the run, post its status message in the thread (unless the thread opened with it), then submit it."""
         run_mode = mode or request.mode
         try:
             run_id = await asyncio.to_thread(self._store_run, event, thread, request, run_mode, plan, history or [],
@@ -151,7 +152,8 @@ class ConversationCore:
             return Outcome(replies=[busy_reply(view.active)], thread=thread)
         place = Place(platform=event.platform, workspace=event.workspace, channel=event.channel, thread=thread)
         progress = initial_progress(run_id=run_id, mode=run_mode, question=request.question, requested_by=event.user)
-        status = await self.messenger.post(place, self.renderer.status(progress, now=_now()))
+        if status is None:
+            status = await self.messenger.post(place, self.renderer.status(progress, now=_now()))
         position = await asyncio.to_thread(self._store_status_and_submit, run_id, status)
         if position is not None:
             waiting = progress.model_copy(update={"queue_position": position})
@@ -337,7 +339,10 @@ class ConversationCore:
         return self._thread(*place)
 
     async def _action(self, event: ChatEvent) -> Outcome:
-        run = await asyncio.to_thread(self._load_run, event.action_run_id)
+        if event.action_run_id is None:  # a button that names no run (Stop) means the run of its status message
+            run = await asyncio.to_thread(self._run_by_status_message, event)
+        else:
+            run = await asyncio.to_thread(self._load_run, event.action_run_id)
         if run is None:
             return Outcome(replies=[Reply(text="That run no longer exists.", private=True)])
         if event.action == "export":

@@ -42,10 +42,13 @@ class ChatEvent(BaseModel):
 
 
 class Reply(BaseModel):
-    """Something the adapter must say now: privately to `user` (where the platform allows) or in the thread."""
+    """Something the adapter must say now: privately to the event's person (where the platform allows) or in the
+    thread. `text` is platform-neutral (`**bold**`, `` `code` ``, `•` lists); `person`, a platform-qualified user id,
+    is mentioned where the text says `{person}` (chat.render.PERSON)."""
 
     text: str
     private: bool = False
+    person: str | None = None
 
 
 class Outcome(BaseModel):

@@ -26,8 +26,9 @@ from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.conversation.events import ChatEvent, HistoryMessage, Outcome, Reply
-from bot.messenger.slack import build_slack_client
-from bot.render.slack import escape_text
+from chat.slack.messenger import build_slack_client
+from chat.slack.render import SlackRenderer
+from bot.slack.bundle import missing_adapter_setting
 from bot.slack.dedupe import EventDeduper
 from config import Settings
 
@@ -44,6 +45,7 @@ CHANNEL_TYPES_WITH_THREADS = frozenset({"channel", "group", "mpim"})
 HISTORY_FETCH_LIMIT = 200
 HISTORY_KEEP = 50
 MEMBERSHIP_CACHE_SECONDS = 300.0
+REPLIES = SlackRenderer()
 SOMETHING_WENT_WRONG = "Sorry, something went wrong while handling that. Please try again in a moment."
 
 
@@ -250,15 +252,6 @@ def _slack_error_code(error: SlackApiError) -> str:
 PrivateSender = Callable[[str], Awaitable[None]]
 
 
-_ESCAPED_USER_MENTION = re.compile(r"&lt;@([UW][A-Z0-9]{2,})&gt;")
-
-
-def reply_mrkdwn(text: str) -> str:
-    """A core reply as Slack mrkdwn: `& < >` escaped so nothing quoted can ping or link, except user mentions
-    (`<@U123>`) that the core writes on purpose."""
-    return _ESCAPED_USER_MENTION.sub(r"<@\1>", escape_text(text))
-
-
 def _bare_user(user: str) -> str:
     return user.removeprefix(f"{PLATFORM}:")
 
@@ -292,10 +285,10 @@ def reply_thread(event: ChatEvent, outcome: Outcome) -> str | None:
 
 
 async def deliver(replies: list[Reply], *, client: AsyncWebClient, event: ChatEvent, thread: str | None,
-                  send_private: PrivateSender) -> None:
-    """Say each reply, privately or in `thread`; a failed reply is logged and does not stop the others."""
+                  send_private: PrivateSender, renderer: SlackRenderer = REPLIES) -> None:
+    """Say each reply as mrkdwn, privately or in `thread`; a failed reply is logged and does not stop the others."""
     for reply in replies:
-        text = reply_mrkdwn(reply.text)
+        text = renderer.reply(reply.text, person=reply.person).text
         try:
             if reply.private or (thread is None and event.kind == "reaction"):
                 # A reaction's thread is unknown when the core does not say it; a public reply would land top level.
@@ -402,14 +395,11 @@ def build_slack_app(settings: Settings, core: ConversationHandler, *, client: As
                     dedupe: EventDeduper, membership: ChannelMembership | None = None) -> AsyncApp:
     """The bolt app with every deepthread listener; raises ValueError without SLACK_BOT_TOKEN, or without
     SLACK_SIGNING_SECRET when there is no SLACK_APP_TOKEN (HTTP mode verifies every request with it)."""
-    token = settings.secret("slack_bot_token")
-    if client is None:
-        if token is None:
-            raise ValueError("SLACK_BOT_TOKEN is required for the Slack bot")
-        client = build_slack_client(token, settings.slack_api_url)
+    problem = missing_adapter_setting(settings)
+    if problem is not None:
+        raise ValueError(problem)
+    client = client or build_slack_client(settings.secret("slack_bot_token") or "", settings.slack_api_url)
     signing_secret = settings.secret("slack_signing_secret")
-    if signing_secret is None and settings.secret("slack_app_token") is None:
-        raise ValueError("SLACK_SIGNING_SECRET is required in HTTP mode (or set SLACK_APP_TOKEN for Socket Mode)")
     app = AsyncApp(client=client, signing_secret=signing_secret or "", process_before_response=False,
                    ignoring_self_events_enabled=True, name="deepthread")
     register_listeners(app, SlackListeners(core, dedupe, membership))

@@ -20,9 +20,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from bot.messenger.slack import SlackMessenger, build_slack_client
-from bot.render.slack import SlackRenderer
 from bot.slack.app import ConversationHandler, build_slack_app
+from bot.slack.bundle import missing_adapter_setting
+from chat.slack.messenger import build_slack_client
 from bot.slack.dedupe import EventDeduper, RedisEventDeduper
 from config import Settings
 from storage.redis import resolve_redis_url
@@ -52,33 +52,11 @@ def build_http_app(app: AsyncApp | None) -> Starlette:
 
 
 def slack_client(settings: Settings) -> AsyncWebClient:
-    """The Web API client for SLACK_API_URL with SLACK_BOT_TOKEN; raises ValueError when the token is missing."""
-    token = settings.secret("slack_bot_token")
-    if token is None:
-        raise ValueError("SLACK_BOT_TOKEN is required for the Slack bot")
-    return build_slack_client(token, settings.slack_api_url)
-
-
-def build_core(settings: Settings, client: AsyncWebClient | None = None) -> ConversationHandler:
-    """The conversation core posting through Slack; raises ValueError when the Slack settings are incomplete."""
-    from bot.conversation.core import build_core as build_conversation_core
-
-    client = client or slack_client(settings)
-    renderer = SlackRenderer(cancel_emoji=settings.cancel_emoji[0] if settings.cancel_emoji else "x")
-    return build_conversation_core(settings, SlackMessenger(client), renderer)
-
-
-def socket_mode_enabled(settings: Settings) -> bool:
-    """Whether SLACK_APP_TOKEN is set, which selects Socket Mode."""
-    return settings.secret("slack_app_token") is not None
-
-
-def require_slack_settings(settings: Settings) -> None:
-    """Check that the bot can start; raises ValueError naming the missing variable."""
-    if settings.secret("slack_bot_token") is None:
-        raise ValueError("SLACK_BOT_TOKEN (xoxb-…) is required for the Slack bot")
-    if not socket_mode_enabled(settings) and settings.secret("slack_signing_secret") is None:
-        raise ValueError("SLACK_SIGNING_SECRET is required in HTTP mode; set SLACK_APP_TOKEN (xapp-…) for Socket Mode")
+    """The Web API client for SLACK_API_URL with SLACK_BOT_TOKEN; raises ValueError naming what is missing."""
+    problem = missing_adapter_setting(settings)
+    if problem is not None:
+        raise ValueError(problem)
+    return build_slack_client(settings.secret("slack_bot_token") or "", settings.slack_api_url)
 
 
 class SlackBot:
@@ -120,12 +98,6 @@ class SlackBot:
             self._server.should_exit = True
 
 
-async def serve(settings: Settings, *, host: str, port: int) -> None:
-    """Run the bot with the conversation core until interrupted (see `SlackBot`)."""
-    client = slack_client(settings)
-    await SlackBot(settings, build_core(settings, client), client=client).run(host=host, port=port)
-
-
-def run(settings: Settings, *, host: str, port: int) -> None:
-    """Run the bot in this process until interrupted (see `serve`)."""
-    asyncio.run(serve(settings, host=host, port=port))
+def run(settings: Settings, core: ConversationHandler, *, host: str, port: int) -> None:
+    """Run the bot with `core` in this process until interrupted (see `SlackBot`)."""
+    asyncio.run(SlackBot(settings, core).run(host=host, port=port))

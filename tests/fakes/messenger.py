@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from bot.messenger.base import Content, FileUpload, MessageRef, Place
+from chat.message import Content, FileUpload, MessageRef, OpenedThread, Place, open_thread_under_title
 
 
 class RecordingMessenger:
@@ -25,6 +25,10 @@ class RecordingMessenger:
 
     async def edit(self, ref: MessageRef, content: Content) -> None:
         self.edits.append((ref, content))
+
+    async def open_thread(self, place: Place, *, title: Content, status: Content) -> OpenedThread:
+        """The title in the channel, the status message in its thread."""
+        return await open_thread_under_title(self, place, title=title, status=status)
 
     async def upload(self, place: Place, upload: FileUpload) -> MessageRef | None:
         self.uploads.append((place, upload))

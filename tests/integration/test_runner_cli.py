@@ -17,7 +17,8 @@ from storage.db import make_engine, make_session_factory
 from storage.migrate import upgrade
 from storage.models import Citation, Event, Passage, Run, Source
 from tests.fakes.corpus import QUESTION, Corpus
-from worker.headless import create_terminal_run
+from bot.console.bundle import TERMINAL, TERMINAL_USER
+from worker.headless import create_run
 from worker.runner import RunnerServices, execute
 from worker.toolkit import research_options
 
@@ -46,7 +47,7 @@ def sessions_for(url: str):
 
 def execute_run(corpus: Corpus, url: str, mode: str, question: str = QUESTION) -> tuple[int, list]:
     sessions = sessions_for(url)
-    run_id = create_terminal_run(sessions, mode=mode, question=question, options={})
+    run_id = create_run(sessions, place=TERMINAL, requester=TERMINAL_USER, mode=mode, question=question, options={})
     states = []
 
     async def on_state(progress) -> None:

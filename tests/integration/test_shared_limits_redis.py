@@ -16,7 +16,7 @@ import pytest
 import redis
 import redis.asyncio
 
-from bot.render.state import RunProgress, apply_event, initial_progress
+from chat.state import RunProgress, apply_event, initial_progress
 from research.budget import CancelToken
 from research.events import PhaseStarted, Progress
 from storage.shared_limits import (

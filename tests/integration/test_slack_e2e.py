@@ -14,10 +14,12 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from bot.messenger.slack import build_slack_client
+from chat.slack.messenger import build_slack_client
 from bot.slack.app import build_slack_app
 from bot.slack.dedupe import RedisEventDeduper
-from bot.slack.server import build_core, build_http_app
+from bot.cli import platform_core
+from bot.slack.bundle import BUNDLE as SLACK
+from bot.slack.server import build_http_app
 from storage.models import Run
 from tests.fakes.corpus import QUESTION, Corpus
 from tests.fakes.llm import ChatRequest, citing_synthesis, default_research_model
@@ -79,7 +81,7 @@ def slack_world(tmp_path: Path, redis_url: str, corpus: Corpus, **settings: str)
                           slack=slack, workdir=tmp_path, **settings)
         cluster.start_worker("w1")
         client = build_slack_client(slack.token, slack.api_url)
-        app = build_slack_app(cluster.settings, build_core(cluster.settings, client), client=client,
+        app = build_slack_app(cluster.settings, platform_core(SLACK, cluster.settings), client=client,
                               dedupe=RedisEventDeduper.from_url(redis_url))
         try:
             with LoopbackServer(build_http_app(app)) as server:

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from bot.conversation.events import ChatEvent, Outcome
-from bot.messenger.slack import build_slack_client
+from chat.slack.messenger import build_slack_client
 from bot.slack.app import build_slack_app
 from bot.slack.dedupe import RedisEventDeduper
 from bot.slack.server import SlackBot, build_http_app

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from bot.messenger.base import Content, FileUpload, MessengerError, Place
-from bot.messenger.slack import PLAIN_TEXT_LIMIT, SlackMessenger, build_slack_client
-from bot.render.slack import SlackRenderer, section_block
+from chat.message import Content, FileUpload, MessengerError, Place
+from chat.slack.messenger import PLAIN_TEXT_LIMIT, SlackMessenger, build_slack_client
+from chat.slack.render import SlackRenderer, section_block
 from research.report import Report, ReportSource, render_markdown
 from tests.fakes.slack_api import FakeSlack
 

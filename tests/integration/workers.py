@@ -15,10 +15,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from bot.messenger.base import Content, MessageRef, Place
-from bot.messenger.slack import SlackMessenger, build_slack_client
-from bot.render.slack import SlackRenderer
-from bot.render.state import initial_progress
+from chat.message import Content, MessageRef, Place
+from chat.slack.messenger import SlackMessenger, build_slack_client
+from chat.slack.render import SlackRenderer
+from chat.state import initial_progress
 from config import Settings, load_settings
 from storage.db import make_engine, make_session_factory
 from storage.migrate import upgrade

@@ -8,8 +8,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
-from bot.messenger.base import Content, FileUpload, Place
-from bot.messenger.console import ConsoleMessenger
+from chat.message import Content, FileUpload, Place
+from chat.console.messenger import ConsoleMessenger
 
 PLACE = Place(platform="cli", workspace="local", channel="terminal", thread="run-1")
 

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from bot.conversation.commands import MAX_QUESTION_CHARS, UsageProblem, parse_request
 from bot.conversation.core import ConversationCore, CoreSettings
 from bot.conversation.events import ChatEvent, HistoryMessage
-from bot.render.slack import SlackRenderer
+from chat.slack.render import SlackRenderer
 from research.report import Report
 from storage.models import Message, Run
 from tests.fakes.messenger import RecordingMessenger

@@ -6,12 +6,13 @@ import asyncio
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from bot.messenger.base import Content, MessengerError, Place
-from bot.render.slack import SlackRenderer
-from bot.render.state import initial_progress
+from chat.message import Content, MessengerError, Place
+from chat.slack.render import SlackRenderer
+from chat.state import initial_progress
 from research.report import Report
 from storage.models import Conversation, Run
 from tests.fakes.messenger import RecordingMessenger
+from chat.platform import Outbound
 from worker.delivery import DeliveryTarget, RunDelivery, show_queue_positions
 from worker.progress import InMemoryEditBucket
 
@@ -120,7 +121,7 @@ def test_queue_positions_are_shown_in_each_waiting_runs_status_message(session_f
     messenger = RecordingMessenger()
     edited = asyncio.run(show_queue_positions(
         session_factory, [(run_id, position) for position, run_id in enumerate(run_ids, start=1)],
-        platform_parts=lambda platform: (messenger, SlackRenderer()), bucket=InMemoryEditBucket()))
+        platform_parts=lambda platform: Outbound(messenger=messenger, renderer=SlackRenderer()), bucket=InMemoryEditBucket()))
     assert edited == run_ids
     assert [ref.message_id for ref, _ in messenger.edits] == ["300.0", "301.0", "302.0"]
     shown = [str(content.text) + str(content.blocks) for _, content in messenger.edits]
@@ -134,7 +135,7 @@ def test_queue_positions_wait_when_the_workspaces_budget_is_down_to_its_reserve(
 
     async def refresh() -> list[int]:
         return await show_queue_positions(session_factory, [(run_id, 1) for run_id in run_ids],
-                                          platform_parts=lambda platform: (messenger, SlackRenderer()), bucket=bucket)
+                                          platform_parts=lambda platform: Outbound(messenger=messenger, renderer=SlackRenderer()), bucket=bucket)
 
     edited = asyncio.run(refresh())
     assert len(edited) == 3 and len(messenger.edits) == 3

@@ -7,6 +7,7 @@ import httpx
 import pytest
 
 import bot.doctor as doctor
+from bot.cli import platform_bundles
 from bot.doctor import format_checks, run_checks
 from config import load_settings
 
@@ -45,7 +46,7 @@ def checks_with(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], handler=fa
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("DATABASE_URL", "sqlite://")
     with httpx.Client(transport=httpx.MockTransport(handler)) as http:
-        return run_checks(load_settings(), http)
+        return run_checks(load_settings(), http, [bundle.doctor for bundle in platform_bundles() if bundle.doctor])
 
 
 def test_secrets_never_appear_in_the_doctor_output(monkeypatch: pytest.MonkeyPatch) -> None:

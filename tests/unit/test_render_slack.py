@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bot.messenger.base import Content
-from bot.render.base import ReportDelivery
-from bot.render.slack import (
+from chat.message import Content
+from chat.render import ReportDelivery
+from chat.slack.render import (
     BLOCKS_PER_MESSAGE,
     MARKDOWN_BLOCK_LIMIT,
     MESSAGE_TEXT_BUDGET,
@@ -19,10 +19,10 @@ from bot.render.slack import (
     SlackRenderer,
     escape_text,
     inline_to_mrkdwn,
-    progress_bar,
-    split_text,
 )
-from bot.render.state import PhaseLine, RunProgress, initial_progress
+from chat.status import progress_bar
+from chat.text import split_text
+from chat.state import PhaseLine, RunProgress, initial_progress
 from research.llm import ModelUsage
 from research.report import STOPPED_BY_USER_LINE, AuditFigures, Report, ReportSource, UsageSummary, audit_line, render_markdown, usage_line
 

@@ -7,7 +7,7 @@ import asyncio
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from bot.render.state import RunProgress
+from chat.state import RunProgress
 from research.events import Complete, PhaseStarted, Progress
 from storage.models import Conversation, Event, Run
 from worker.runner import RunRecorder

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from bot.render.state import apply_event, initial_progress
+from chat.state import apply_event, initial_progress
 from research.events import Aborted, Complete, Error, PhaseDone, PhaseStarted, Progress
 
 

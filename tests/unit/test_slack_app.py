@@ -17,10 +17,10 @@ from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_bolt.response import BoltResponse
 
 from bot.conversation.events import ChatEvent, Outcome, Reply
-from bot.messenger.base import Content
-from bot.messenger.slack import build_slack_client
-from bot.render.base import ReportDelivery
-from bot.render.slack import (
+from chat.message import Content
+from chat.slack.messenger import build_slack_client
+from chat.render import ReportDelivery
+from chat.slack.render import (
     BLOCKS_PER_MESSAGE,
     CONTINUE_ACTION_ID,
     EXPORT_ACTION_ID,
@@ -29,8 +29,8 @@ from bot.render.slack import (
     section_block,
     with_export_button,
 )
-from bot.render.state import initial_progress
-from bot.slack.app import COMMANDS, build_slack_app, history_before, reply_mrkdwn, without_bot_mention
+from chat.state import initial_progress
+from bot.slack.app import COMMANDS, build_slack_app, history_before, without_bot_mention
 from bot.slack.dedupe import CLAIM_SECONDS, EVENT_KEY, MemoryEventDeduper, RedisEventDeduper
 from config import load_settings
 from research.report import Report, ReportSource
@@ -349,9 +349,13 @@ async def test_when_the_core_fails_the_person_is_told_privately(slack: FakeSlack
     assert ephemeral["user"] == USER and "went wrong" in ephemeral["text"]
 
 
-def test_reply_text_cannot_ping_the_channel_but_keeps_user_mentions() -> None:
-    assert reply_mrkdwn("Only <@U0OWNER> can stop it. <!channel> & <https://x|y>") == (
-        "Only <@U0OWNER> can stop it. &lt;!channel&gt; &amp; &lt;https://x|y&gt;")
+def test_reply_text_cannot_ping_the_channel_but_mentions_the_person_it_names() -> None:
+    text = SlackRenderer().reply("Only {person} can stop it. <!channel> <@U0OTHER> & **now**", person="slack:U0OWNER").text
+    assert text == "Only <@U0OWNER> can stop it. &lt;!channel&gt; &lt;@U0OTHER&gt; &amp; *now*"
+
+
+def test_a_person_slot_typed_into_a_reply_without_a_person_stays_text() -> None:
+    assert SlackRenderer().reply("you said {person}").text == "you said {person}"
 
 
 def test_bot_mention_is_removed_wherever_it_is() -> None:

@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from bot.render.state import RunProgress, apply_event, initial_progress
+from chat.state import RunProgress, apply_event, initial_progress
 from research.events import PhaseStarted, Progress
 from worker.progress import InMemoryEditBucket, StatusEditor
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 
 from rich.console import Group, RenderableType
 from rich.markup import escape
@@ -10,9 +11,9 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from bot.messenger.base import Content
-from bot.render.base import ReportDelivery
-from bot.render.state import RunProgress
+from chat.message import Content
+from chat.render import ReportDelivery, with_person
+from chat.state import RunProgress
 from research.report import Report, render_markdown
 
 MARKS = {"done": "[green]✔[/]", "current": "[yellow]▶[/]", "waiting": "[dim]·[/]", "failed": "[red]✘[/]"}
@@ -63,3 +64,35 @@ class ConsoleRenderer:
 
     def notice(self, text: str) -> Content:
         return Content(text=text)
+
+    def reply(self, text: str, *, person: str | None = None) -> Content:
+        """A core reply with its `**bold**` and `code` drawn by rich; the person named by their id."""
+        markup = with_person(text, person, _rich_markup, _bare_user_markup)
+        return Content(text=with_person(text, person, _without_markers, _bare_user),
+                       extra={"rich": Text.from_markup(markup)})
+
+
+_NEUTRAL_INLINE = re.compile(r"\*\*(.+?)\*\*|`([^`]+)`")
+
+
+def _without_markers(text: str) -> str:
+    return _NEUTRAL_INLINE.sub(lambda match: match.group(1) or match.group(2), text)
+
+
+def _rich_markup(text: str) -> str:
+    """Neutral `**bold**` and `code` as rich markup, everything else escaped."""
+    pieces, last = [], 0
+    for match in _NEUTRAL_INLINE.finditer(text):
+        pieces.append(escape(text[last:match.start()]))
+        pieces.append(f"[bold]{escape(match.group(1))}[/]" if match.group(1) else f"[cyan]{escape(match.group(2))}[/]")
+        last = match.end()
+    pieces.append(escape(text[last:]))
+    return "".join(pieces)
+
+
+def _bare_user(user: str) -> str:
+    return user.split(":", 1)[-1]
+
+
+def _bare_user_markup(user: str) -> str:
+    return escape(_bare_user(user))

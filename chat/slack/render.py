@@ -24,9 +24,21 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from bot.messenger.base import Content, FileUpload
-from bot.render.base import ReportDelivery
-from bot.render.state import RunProgress
+from chat.message import Content, FileUpload
+from chat.render import ReportDelivery, with_person
+from chat.state import RunProgress
+from chat.status import ending, headline, is_unfinished, measures_line, phase_checklist
+from chat.text import (
+    FENCE,
+    Convert,
+    footer_lines,
+    markdown_paragraphs,
+    shortened,
+    single_line,
+    split_source,
+    title_and_body,
+    unchanged,
+)
 from research.report import (
     AUTOLINK,
     CODE_SPAN,
@@ -35,13 +47,9 @@ from research.report import (
     STOPPED_BY_USER_LINE,
     Report,
     ReportSource,
-    audit_line,
-    partial_notice,
     render_inline,
     render_markdown,
     safe_http_url,
-    split_title,
-    usage_line,
 )
 
 SECTION_TEXT_LIMIT = 3_000
@@ -52,15 +60,6 @@ MESSAGE_TEXT_BUDGET = 12_000
 DEFAULT_MAX_MESSAGES = 4
 REPORT_FILENAME = "report.md"
 # Escaping can make text up to five times longer (`&` → `&amp;`), so 500 characters always fit a section.
-QUESTION_DISPLAY_LIMIT = 500
-STATUS_LINE_LIMIT = 500
-PROGRESS_BAR_CELLS = 10
-
-PHASE_MARKS = {"done": "✅", "current": "⏳", "waiting": "▫️", "failed": "❌"}
-COUNT_LABELS = (("sub_questions", "sub-question", "sub-questions"), ("results", "result", "results"),
-                ("pages_read", "page read", "pages read"), ("passages", "passage", "passages"))
-SEPARATOR = " · "
-
 _SLACK_USER_ID = re.compile(r"^[UW][A-Z0-9]{2,}$")
 
 
@@ -90,44 +89,30 @@ def user_mention(user_id: str) -> str:
     return f"<@{bare}>" if _SLACK_USER_ID.match(bare) else escape_text(user_id)
 
 
-def single_line(text: str) -> str:
-    """`text` with every run of whitespace (newlines included) collapsed to one space."""
-    return " ".join(text.split())
+def _escaped_length(text: str) -> int:
+    return len(escape_text(text))
 
 
-def shortened(text: str, limit: int) -> str:
-    """`text`, or its first `limit` characters followed by a visible "…"."""
-    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+def _split(source: str, convert: Convert, limit: int, separators: tuple[str, ...] = ("\n", ". ", " ")) -> list[str]:
+    """`split_source` measuring pieces as escaped text, which is what makes Slack text longer."""
+    return split_source(source, convert, limit, separators, measure=_escaped_length)
 
 
-# --- Markdown paragraphs ---------------------------------------------------------------------------
+class SlackMarkup:
+    """Slack mrkdwn for the shared status wording."""
 
-_FENCE = re.compile(r"^\s*(```|~~~)")
+    escape = staticmethod(escape_text)
+
+    @staticmethod
+    def bold(escaped: str) -> str:
+        return f"*{escaped}*"
+
+    @staticmethod
+    def mention(user: str) -> str:
+        return user_mention(user)
 
 
-def markdown_paragraphs(markdown: str) -> list[str]:
-    """Block-level paragraphs of `markdown`, split at blank lines; a fenced code block stays in one paragraph."""
-    paragraphs: list[str] = []
-    current: list[str] = []
-    fence: str | None = None
-    for line in markdown.splitlines():
-        marker = _FENCE.match(line)
-        if fence is not None:
-            current.append(line)
-            if marker and marker.group(1) == fence:
-                fence = None
-            continue
-        if marker:
-            fence = marker.group(1)
-            current.append(line)
-        elif line.strip():
-            current.append(line)
-        elif current:
-            paragraphs.append("\n".join(current))
-            current = []
-    if current:
-        paragraphs.append("\n".join(current))
-    return paragraphs
+MARKUP = SlackMarkup()
 
 
 # --- Markdown to Slack mrkdwn ----------------------------------------------------------------------
@@ -163,7 +148,7 @@ def inline_to_mrkdwn(text: str) -> str:
 
 def _code_block_to_mrkdwn(paragraph: str) -> str:
     lines = paragraph.splitlines()
-    fence = _FENCE.match(lines[0]).group(1)  # type: ignore[union-attr]
+    fence = FENCE.match(lines[0]).group(1)  # type: ignore[union-attr]
     body = lines[1:]
     if body and body[-1].strip().startswith(fence):
         body = body[:-1]
@@ -185,7 +170,7 @@ def _line_to_mrkdwn(line: str) -> str:
 
 def paragraph_to_mrkdwn(paragraph: str) -> str:
     """One Markdown paragraph (or fenced code block) as Slack mrkdwn, line breaks kept."""
-    if _FENCE.match(paragraph):
+    if FENCE.match(paragraph):
         return _code_block_to_mrkdwn(paragraph)
     return "\n".join(_line_to_mrkdwn(line) for line in paragraph.splitlines())
 
@@ -204,7 +189,7 @@ def paragraph_to_slack_markdown(paragraph: str) -> str:
             return "\\[" + match.group(1) + "\\]" + match.group(0)[len(match.group(1)) + 2:]
         return match.group(0)
 
-    if not _FENCE.match(paragraph):
+    if not FENCE.match(paragraph):
         paragraph = AUTOLINK.sub(lambda match: match.group(1), paragraph)
         paragraph = MARKDOWN_LINK.sub(markdown_link, paragraph)
     return escape_text(paragraph)
@@ -213,7 +198,7 @@ def paragraph_to_slack_markdown(paragraph: str) -> str:
 def _has_code_with_control_characters(markdown: str) -> bool:
     """Whether code spans or fences hold `& < >`, which a `markdown` block might show as entities."""
     for paragraph in markdown_paragraphs(markdown):
-        code = paragraph if _FENCE.match(paragraph) else " ".join(CODE_SPAN.findall(paragraph))
+        code = paragraph if FENCE.match(paragraph) else " ".join(CODE_SPAN.findall(paragraph))
         if any(character in code for character in "&<>"):
             return True
     return False
@@ -221,82 +206,22 @@ def _has_code_with_control_characters(markdown: str) -> bool:
 
 # --- splitting within limits ---------------------------------------------------------------------
 
-def _tokens(text: str, separator: str) -> list[str]:
-    """`text` cut after each `separator`, the separator kept on the left piece, so joining them gives `text` back."""
-    pieces = text.split(separator)
-    return [piece + separator for piece in pieces[:-1]] + [pieces[-1]]
-
-
-def _hard_cut(text: str, limit: int) -> list[str]:
-    pieces: list[str] = []
-    while len(text) > limit:
-        cut = limit
-        entity_start = text.rfind("&", max(0, cut - 6), cut)
-        if entity_start != -1 and ";" not in text[entity_start:cut]:
-            cut = entity_start or limit
-        pieces.append(text[:cut])
-        text = text[cut:]
-    return pieces + ([text] if text else [])
-
-
-_SEPARATORS = ("\n", ". ", " ")
-
-
-def _split_source(source: str, convert: Callable[[str], str], limit: int, separators: tuple[str, ...]) -> list[str]:
-    """Converted pieces of `source`, each within `limit`, cut at the coarsest separator that works."""
-    converted = convert(source)
-    if len(converted) <= limit:
-        return [converted]
-    if not separators:
-        return _hard_cut(converted, limit)
-    tokens = _tokens(source, separators[0])
-    # Escaping is what makes converted text longer, so it estimates a token's size without converting it.
-    sizes = [len(escape_text(token)) for token in tokens]
-    pieces: list[str] = []
-    start = 0
-    while start < len(tokens):
-        if sizes[start] > limit:
-            if tokens[start].strip():
-                pieces.extend(_split_source(tokens[start].strip(), convert, limit, separators[1:]))
-            start += 1
-            continue
-        end, estimate = start, 0
-        while end < len(tokens) and sizes[end] <= limit and estimate + sizes[end] <= limit:
-            estimate += sizes[end]
-            end += 1
-        chunk = convert("".join(tokens[start:end]).strip())
-        while len(chunk) > limit and end - start > 1:
-            end = start + max(1, min(end - start - 1, int((end - start) * limit / len(chunk) * 0.95)))
-            chunk = convert("".join(tokens[start:end]).strip())
-        if len(chunk) > limit:
-            pieces.extend(_split_source(tokens[start].strip(), convert, limit, separators[1:]))
-        elif chunk:
-            pieces.append(chunk)
-        start = end
-    return pieces
-
-
-def split_text(text: str, limit: int) -> list[str]:
-    """`text` in pieces of at most `limit` characters, cut at paragraphs, then lines, sentences, words."""
-    return _split_source(text, _unchanged, limit, ("\n\n", *_SEPARATORS))
-
-
 def _split_code_block(paragraph: str, limit: int) -> list[str]:
     """A fenced code block too long for one section, as several fenced blocks cut at line ends."""
     lines = paragraph.splitlines()
-    fence = _FENCE.match(lines[0]).group(1)  # type: ignore[union-attr]
+    fence = FENCE.match(lines[0]).group(1)  # type: ignore[union-attr]
     body = lines[1:-1] if len(lines) > 1 and lines[-1].strip().startswith(fence) else lines[1:]
     wrap = len("```\n\n```")
-    inner = _split_source("\n".join(body), escape_text, limit - wrap, ("\n", " "))
+    inner = _split("\n".join(body), escape_text, limit - wrap, ("\n", " "))
     return ["```\n" + piece + "\n```" for piece in inner]
 
 
 def mrkdwn_pieces(paragraph: str, limit: int = SECTION_TEXT_LIMIT) -> list[str]:
     """One Markdown paragraph as mrkdwn pieces of at most `limit` characters; long ones cut at lines, sentences, words."""
-    if _FENCE.match(paragraph):
+    if FENCE.match(paragraph):
         whole = paragraph_to_mrkdwn(paragraph)
         return [whole] if len(whole) <= limit else _split_code_block(paragraph, limit)
-    return _split_source(paragraph, paragraph_to_mrkdwn, limit, _SEPARATORS)
+    return _split(paragraph, paragraph_to_mrkdwn, limit)
 
 
 def pack_sections(pieces: list[str], limit: int = SECTION_TEXT_LIMIT) -> list[str]:
@@ -328,9 +253,6 @@ def markdown_block(text: str) -> dict[str, Any]:
 RETRY_ACTION_ID = "deepthread_retry"
 CONTINUE_ACTION_ID = "deepthread_continue"
 EXPORT_ACTION_ID = "deepthread_export"
-UNFINISHED_STATES = frozenset({"failed", "timed_out", "cancelled"})
-
-
 def button(action_id: str, label: str, value: str) -> dict[str, Any]:
     """A Block Kit button whose click reaches the adapter as `action_id` with `value`."""
     return {"type": "button", "action_id": action_id, "text": {"type": "plain_text", "text": label}, "value": value}
@@ -343,8 +265,7 @@ def actions_block(buttons: list[dict[str, Any]]) -> dict[str, Any]:
 
 def run_buttons(progress: RunProgress) -> dict[str, Any] | None:
     """Retry (and, for research, Continue) under a run that ended without finishing; None for any other run."""
-    unfinished = progress.state in UNFINISHED_STATES or (progress.state == "done" and progress.partial)
-    if not unfinished:
+    if not is_unfinished(progress):
         return None
     value = str(progress.run_id)
     buttons = [button(RETRY_ACTION_ID, "Retry", value)]
@@ -390,11 +311,6 @@ def pack_messages(sections: list[str], *, first_message_blocks: int = 0) -> list
 
 # --- the report document -------------------------------------------------------------------------
 
-def _title_and_body(report: Report) -> tuple[str, str]:
-    own_title, rest = split_title(report.body_markdown)
-    return single_line(own_title or report.title), (rest if own_title else report.body_markdown).strip("\n")
-
-
 def _source_line_mrkdwn(source: ReportSource) -> str:
     title = single_line(source.title) or source.url
     line = f"[{source.number}] " + (mrkdwn_link(source.url, title) if source.url else escape_text(title))
@@ -410,25 +326,17 @@ def _source_line_markdown(source: ReportSource) -> str:
     return escape_text(f"{line} ({SNIPPET_LABEL})" if source.snippet_only else line)
 
 
-def _unchanged(text: str) -> str:
-    return text
-
-
-def _footer_lines(report: Report) -> list[str]:
-    return [line for line in (partial_notice(report), audit_line(report), usage_line(report)) if line]
-
-
 def report_mrkdwn_paragraphs(report: Report) -> list[str]:
     """The report as mrkdwn pieces in reading order (title, body, sources, footer), each within one section."""
-    title, body = _title_and_body(report)
-    pieces = _split_source(f"*{title}*", escape_text, SECTION_TEXT_LIMIT, _SEPARATORS)
+    title, body = title_and_body(report)
+    pieces = _split(f"*{title}*", escape_text, SECTION_TEXT_LIMIT)
     for paragraph in markdown_paragraphs(body):
         pieces.extend(mrkdwn_pieces(paragraph))
     if report.sources:
         sources = "\n".join(["*Sources*"] + [_source_line_mrkdwn(source) for source in report.sources])
-        pieces.extend(_split_source(sources, _unchanged, SECTION_TEXT_LIMIT, _SEPARATORS))
-    footer = "──────────\n" + "\n".join(f"_{escape_text(line)}_" for line in _footer_lines(report))
-    pieces.extend(_split_source(footer, _unchanged, SECTION_TEXT_LIMIT, _SEPARATORS))
+        pieces.extend(_split(sources, unchanged, SECTION_TEXT_LIMIT))
+    footer = "──────────\n" + "\n".join(f"_{escape_text(line)}_" for line in footer_lines(report))
+    pieces.extend(_split(footer, unchanged, SECTION_TEXT_LIMIT))
     if report.stopped_by_user:
         pieces.append(f"*{escape_text(STOPPED_BY_USER_LINE)}*")
     return pieces
@@ -436,12 +344,12 @@ def report_mrkdwn_paragraphs(report: Report) -> list[str]:
 
 def report_slack_markdown(report: Report) -> str:
     """The whole report as escaped Markdown for one `markdown` block."""
-    title, body = _title_and_body(report)
+    title, body = title_and_body(report)
     parts = [f"# {escape_text(title)}"]
     parts.extend(paragraph_to_slack_markdown(paragraph) for paragraph in markdown_paragraphs(body))
     if report.sources:
         parts.append("## Sources\n\n" + "\n".join(_source_line_markdown(source) for source in report.sources))
-    parts.append("---\n\n" + "\n\n".join(f"_{escape_text(line)}_" for line in _footer_lines(report)))
+    parts.append("---\n\n" + "\n\n".join(f"_{escape_text(line)}_" for line in footer_lines(report)))
     if report.stopped_by_user:
         parts.append(f"**{escape_text(STOPPED_BY_USER_LINE)}**")
     return "\n\n".join(parts)
@@ -449,84 +357,9 @@ def report_slack_markdown(report: Report) -> str:
 
 # --- status --------------------------------------------------------------------------------------
 
-def progress_bar(percent: float, cells: int = PROGRESS_BAR_CELLS) -> str:
-    """A text progress bar such as `▰▰▰▰▱▱▱▱▱▱ 40%`."""
-    bounded = max(0.0, min(100.0, percent))
-    filled = round(bounded / 100 * cells)
-    return "▰" * filled + "▱" * (cells - filled) + f" {bounded:.0f}%"
-
-
-def format_elapsed(seconds: float) -> str:
-    """`42 s`, `3 min 05 s` or `1 h 02 min`."""
-    whole = round(seconds)
-    if whole < 60:
-        return f"{whole} s"
-    minutes, rest = divmod(whole, 60)
-    if minutes < 60:
-        return f"{minutes} min {rest:02d} s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes:02d} min"
-
-
-def counts_line(counts: dict[str, int]) -> str:
-    """`3 sub-questions · 24 results · 9 pages read · 120 passages`, leaving out counts not reached yet."""
-    parts = [f"{counts[key]:,} {singular if counts[key] == 1 else plural}"
-             for key, singular, plural in COUNT_LABELS if counts.get(key)]
-    return SEPARATOR.join(parts)
-
-
-def phase_checklist(progress: RunProgress) -> str:
-    """One line per phase: a mark for done, current, waiting or failed, and the phase's label (current in bold)."""
-    lines = []
-    for line in progress.phases:
-        label = escape_text(line.label)
-        lines.append(f"{PHASE_MARKS[line.status]} {f'*{label}*' if line.status == 'current' else label}")
-    return "\n".join(lines)
-
-
 def emoji_code(name: str) -> str:
     """`:x:` for an emoji name, or the emoji itself when it is given as a character (`❌`)."""
     return f":{name.strip(':')}:" if name.isascii() else name
-
-
-def _ending(progress: RunProgress, cancel_emoji: str) -> str:
-    state = progress.state
-    if state == "queued":
-        position = f" — position {progress.queue_position} in the queue" if progress.queue_position else ""
-        return f"🕒 *Queued*{position}. React with {emoji_code(cancel_emoji)} to cancel."
-    if state == "running":
-        return f"React with {emoji_code(cancel_emoji)} to stop the research and keep what it found."
-    if state == "done":
-        audit = escape_text(shortened(single_line(progress.audit_line or ""), STATUS_LINE_LIMIT))
-        lines = ["✅ *Done*" + (f" — {audit}" if audit else "")]
-        if progress.partial:
-            reason = escape_text(shortened(single_line(progress.partial_reason or ""), STATUS_LINE_LIMIT)).rstrip(".")
-            lines.append(f"⚠️ Partial report{': ' + reason if reason else ''}.")
-        return "\n".join(lines)
-    if state == "cancelled":
-        return "🛑 *Stopped*" + (f" by {user_mention(progress.cancelled_by)}" if progress.cancelled_by else "")
-    if state == "timed_out":
-        reason = escape_text(shortened(single_line(progress.error or ""), STATUS_LINE_LIMIT)) or "the run took too long and was stopped"
-        return f"⌛ *Timed out*: {reason}"
-    if state == "failed":
-        reason = escape_text(shortened(single_line(progress.error or ""), STATUS_LINE_LIMIT)) or "an unexpected error"
-        return f"❌ *Failed*: {reason}"
-    return escape_text(state)
-
-
-def _headline(progress: RunProgress) -> str:
-    question = escape_text(shortened(single_line(progress.question), QUESTION_DISPLAY_LIMIT))
-    verb = {"plan": "Planning", "chat": "Answering", "followup": "Answering"}.get(progress.mode, "Researching")
-    return f"*{verb}:* {question}\nasked by {user_mention(progress.requested_by)}"
-
-
-def _measures(progress: RunProgress, now: dt.datetime) -> str:
-    parts = [part for part in (counts_line(progress.counts),) if part]
-    if progress.state in ("running", "done"):
-        parts.append(progress_bar(progress.percent))
-    if progress.started_at is not None:
-        parts.append(f"⏱ {format_elapsed(progress.elapsed_seconds(now))}")
-    return SEPARATOR.join(parts)
 
 
 # --- the renderer --------------------------------------------------------------------------------
@@ -544,20 +377,20 @@ class SlackRenderer:
 
     def status(self, progress: RunProgress, *, now: dt.datetime) -> Content:
         """The status message: question, requester, phase checklist, counts, progress bar, elapsed time and ending."""
-        headline = _headline(progress)
-        checklist = phase_checklist(progress)
-        measures = _measures(progress, now)
-        ending = _ending(progress, self.cancel_emoji)
-        blocks = [section_block(headline)]
+        top = headline(progress, MARKUP)
+        checklist = phase_checklist(progress, MARKUP)
+        measures = measures_line(progress, now)
+        last = ending(progress, MARKUP, stop_hint=f"React with {emoji_code(self.cancel_emoji)}")
+        blocks = [section_block(top)]
         if checklist and progress.state != "queued":
             blocks.append(section_block(checklist))
         if measures:
             blocks.append(context_block(measures))
-        blocks.append(section_block(ending) if progress.state not in ("running", "queued") else context_block(ending))
+        blocks.append(section_block(last) if progress.state not in ("running", "queued") else context_block(last))
         buttons = run_buttons(progress)
         if buttons is not None:
             blocks.append(buttons)
-        text = "\n\n".join(part for part in (headline, checklist if progress.state != "queued" else "", measures, ending) if part)
+        text = "\n\n".join(part for part in (top, checklist if progress.state != "queued" else "", measures, last) if part)
         return Content(text=text, blocks=blocks)
 
     def report(self, report: Report, *, requester: str, run_id: int | None = None) -> ReportDelivery:
@@ -585,13 +418,17 @@ class SlackRenderer:
     def notice(self, text: str) -> Content:
         """A short notice in the thread; the text is treated as untrusted."""
         escaped = escape_text(text)
-        sections = _split_source(text, escape_text, SECTION_TEXT_LIMIT, _SEPARATORS)
+        sections = _split(text, escape_text, SECTION_TEXT_LIMIT)
         # Too many sections for one message: the plain text carries it whole rather than cutting blocks off.
         blocks = [section_block(section) for section in sections] if len(sections) <= BLOCKS_PER_MESSAGE else None
         return Content(text=escaped, blocks=blocks)
 
+    def reply(self, text: str, *, person: str | None = None) -> Content:
+        """A core reply as mrkdwn: its `**bold**` and code converted, `& < >` escaped so nothing quoted can ping."""
+        return Content(text=with_person(text, person, paragraph_to_mrkdwn, user_mention))
+
     def _greeting(self, report: Report, requester: str) -> str:
-        question = escape_text(shortened(single_line(report.question) or _title_and_body(report)[0], 300))
+        question = escape_text(shortened(single_line(report.question) or title_and_body(report)[0], 300))
         if report.mode == "plan":
             return (f"{user_mention(requester)} here is a research plan for “{question}”. Reply *go* (or react "
                     f"✅ on the status message) to run it, or reply with what to change.")
@@ -600,16 +437,16 @@ class SlackRenderer:
         return f"{user_mention(requester)} here is your report on “{question}”."
 
     def _as_file(self, report: Report, greeting: str) -> ReportDelivery:
-        title, _ = _title_and_body(report)
+        title, _ = title_and_body(report)
         lines = [greeting, f"*{escape_text(title)}*",
                  f"The report is too long for Slack messages, so the full text is in `{REPORT_FILENAME}` below "
                  f"({len(report.sources)} sources)."]
-        lines.extend(f"_{escape_text(line)}_" for line in _footer_lines(report))
+        lines.extend(f"_{escape_text(line)}_" for line in footer_lines(report))
         if report.stopped_by_user:
             lines.append(f"*{escape_text(STOPPED_BY_USER_LINE)}*")
         summary = "\n\n".join(lines)
         sections = pack_sections([piece for line in lines
-                                  for piece in _split_source(line, _unchanged, SECTION_TEXT_LIMIT, _SEPARATORS)])
+                                  for piece in _split(line, unchanged, SECTION_TEXT_LIMIT)])
         upload = FileUpload(filename=REPORT_FILENAME, data=render_markdown(report).encode("utf-8"),
                             title=shortened(single_line(title), 200).replace("<", "‹").replace(">", "›"))
         return ReportDelivery(messages=[Content(text=summary, blocks=[section_block(section) for section in sections])],

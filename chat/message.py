@@ -43,6 +43,13 @@ class FileUpload(BaseModel):
     comment: str | None = None
 
 
+class OpenedThread(BaseModel):
+    """A thread opened for a new request: its id, and the run's status message."""
+
+    thread: str
+    status: MessageRef
+
+
 class Messenger(Protocol):
     """Sends to one platform; every method raises MessengerError when the platform refuses for good."""
 
@@ -53,6 +60,18 @@ class Messenger(Protocol):
     async def edit(self, ref: MessageRef, content: Content) -> None: ...
 
     async def upload(self, place: Place, upload: FileUpload) -> MessageRef | None: ...
+
+    async def open_thread(self, place: Place, *, title: Content, status: Content) -> OpenedThread:
+        """Open a thread in `place`'s channel for a new request, with `status` as the run's status message (each
+        platform shapes it its own way: under a title message, or started from the status message itself)."""
+        ...
+
+
+async def open_thread_under_title(messenger: Messenger, place: Place, *, title: Content, status: Content) -> OpenedThread:
+    """The common shape of `open_thread`: the title posted in the channel, the status message in its thread."""
+    root = await messenger.post(place, title)
+    status_ref = await messenger.post(place.model_copy(update={"thread": root.message_id}), status)
+    return OpenedThread(thread=root.message_id, status=status_ref)
 
 
 class MessengerError(Exception):

@@ -25,8 +25,8 @@ from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.http_retry.builtin_async_handlers import AsyncConnectionErrorRetryHandler, AsyncRateLimitErrorRetryHandler
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.messenger.base import Content, FileUpload, MessageRef, MessengerError, Place
-from bot.render.slack import split_text
+from chat.message import Content, FileUpload, MessageRef, MessengerError, OpenedThread, Place, open_thread_under_title
+from chat.text import split_text
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +118,10 @@ class SlackMessenger:
             raise MessengerError("msg_too_long")
         # An empty list removes the previous blocks; leaving `blocks` out would keep them.
         await self._update(ref, content.text, [])
+
+    async def open_thread(self, place: Place, *, title: Content, status: Content) -> OpenedThread:
+        """The title in the channel, the status message in its thread."""
+        return await open_thread_under_title(self, place, title=title, status=status)
 
     async def upload(self, place: Place, upload: FileUpload) -> MessageRef | None:
         """Attach a file in `place` (Slack's two-step upload); the file's message when Slack reports where it is shared."""

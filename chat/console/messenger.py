@@ -19,7 +19,7 @@ from rich.markdown import Markdown
 from rich.rule import Rule
 from rich.text import Text
 
-from bot.messenger.base import Content, FileUpload, MessageRef, Place
+from chat.message import Content, FileUpload, MessageRef, OpenedThread, Place, open_thread_under_title
 
 LIVE = "live"
 RICH = "rich"
@@ -68,6 +68,10 @@ class ConsoleMessenger:
             self._redraw()
         else:
             self.console.print(renderable_for(content))
+
+    async def open_thread(self, place: Place, *, title: Content, status: Content) -> OpenedThread:
+        """The title in the channel, the status message in its thread."""
+        return await open_thread_under_title(self, place, title=title, status=status)
 
     async def upload(self, place: Place, upload: FileUpload) -> MessageRef | None:
         """Save the file under `save_directory` and say where, or print its text when there is no directory."""

@@ -1,0 +1,273 @@
+"""The Discord adapter: discord.py for the gateway, application commands and interactions; the REST messenger
+for everything the bot posts, so a run can outlive the interaction token's 15 minutes.
+
+Every listener is thin: acknowledge (an interaction is deferred before anything else), turn the payload into a
+ChatEvent (`bot.discord.events`), `await core.handle(event)`, then say the replies: privately as ephemeral
+follow-ups of the interaction (or a direct message when there is no interaction), publicly in the thread.
+
+discord.py reaches Discord through DISCORD_API_URL: its REST base is `discord.http.Route.BASE` (a class
+attribute, so it is set process-wide), and its gateway URL comes from `GET /gateway/bot` on that base.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import discord
+import httpx
+from discord import app_commands
+
+from bot.conversation.events import ChatEvent, Outcome, Reply
+from bot.discord.events import (
+    COMMANDS,
+    Depth,
+    Where,
+    button_event,
+    command_event,
+    command_text,
+    message_event,
+    reaction_event,
+)
+from chat.discord.render import DiscordRenderer, thread_name
+from chat.message import Messenger, MessengerError, Place
+from chat.render import PlatformRenderer
+from config import Settings
+
+logger = logging.getLogger(__name__)
+
+SOMETHING_WENT_WRONG = "Sorry, something went wrong while handling that. Please try again in a moment."
+DESCRIPTIONS = {
+    "research": "Research a question on the web and get a cited report in a thread",
+    "plan": "Draft a research plan to approve (reply go) or revise before any searching",
+    "ask": "A quick answer with no web search",
+}
+OPTION_DESCRIPTIONS = {"question": "What to find out", "since": "Only sources from this date on (YYYY-MM-DD)",
+                       "site": "Only this domain (several: separate them with spaces)",
+                       "depth": "deep: more rounds and sources; quick: fewer"}
+# Application flags that say the privileged message-content intent is switched on in the developer portal.
+GATEWAY_MESSAGE_CONTENT = 1 << 18
+GATEWAY_MESSAGE_CONTENT_LIMITED = 1 << 19
+# What the bot must be allowed in a channel to run there: post the status, start its thread, talk in it, attach.
+NEEDED_PERMISSIONS = {"send_messages": "Send Messages", "create_public_threads": "Create Public Threads",
+                      "send_messages_in_threads": "Send Messages in Threads", "embed_links": "Embed Links",
+                      "attach_files": "Attach Files", "read_message_history": "Read Message History"}
+NO_MENTIONS = discord.AllowedMentions.none()
+MESSAGE_CONTENT_OFF = ("The message-content intent is off for this application, so deepthread only sees thread "
+                       "replies that mention it. Turn on Message Content Intent under Bot in the Discord developer "
+                       "portal to answer every follow-up.")
+
+
+class ConversationHandler(Protocol):
+    """The conversation core as the adapter sees it."""
+
+    async def handle(self, event: ChatEvent) -> Outcome: ...
+
+
+PrivateSender = Callable[[str], Awaitable[None]]
+
+
+async def message_content_allowed(http: httpx.AsyncClient) -> bool:
+    """Whether the application may receive message content (its flags, from `GET /applications/@me`)."""
+    try:
+        response = await http.get("/applications/@me")
+        response.raise_for_status()
+        flags = int(response.json().get("flags") or 0)
+    except (httpx.HTTPError, ValueError):
+        logger.warning("could not read the application's flags; not asking for message content")
+        return False
+    return bool(flags & (GATEWAY_MESSAGE_CONTENT | GATEWAY_MESSAGE_CONTENT_LIMITED))
+
+
+def missing_permissions(permissions: discord.Permissions) -> list[str]:
+    """The permissions the bot lacks in a channel, by their names in Discord's settings."""
+    return [label for name, label in NEEDED_PERMISSIONS.items() if not getattr(permissions, name)]
+
+
+def where_of(channel: Any, *, guild_id: int | None, channel_id: int) -> Where:
+    """The Where of a discord.py channel object (a thread knows its parent)."""
+    if isinstance(channel, discord.Thread):
+        return Where.of(guild_id=guild_id, channel_id=channel_id, parent_id=channel.parent_id, is_thread=True)
+    return Where.of(guild_id=guild_id, channel_id=channel_id)
+
+
+class DiscordBot:
+    """The running bot: a discord.Client with the three commands, and listeners handing events to the core."""
+
+    def __init__(self, settings: Settings, core: ConversationHandler, messenger: Messenger, *,
+                 message_content: bool, renderer: PlatformRenderer | None = None) -> None:
+        discord.http.Route.BASE = settings.discord_api_url
+        self.settings = settings
+        self.core = core
+        self.messenger = messenger
+        self.renderer = renderer or DiscordRenderer()
+        self.message_content = message_content
+        intents = discord.Intents.default()
+        intents.message_content = message_content
+        self.client = discord.Client(intents=intents, allowed_mentions=NO_MENTIONS)
+        self.tree = app_commands.CommandTree(self.client)
+        self.guild_ids = [int(guild) for guild in settings.discord_guild_ids]
+        self.sync_globally = False
+        for name in COMMANDS:
+            self.tree.add_command(self._command(name))
+        self.client.setup_hook = self._setup  # type: ignore[method-assign]
+        self.client.event(self.on_ready)
+        self.client.event(self.on_message)
+        self.client.event(self.on_raw_reaction_add)
+        self.client.event(self.on_interaction)
+
+    def _command(self, name: str) -> app_commands.Command[Any, Any, None]:
+        if name == "ask":
+            async def callback(interaction: discord.Interaction, question: str) -> None:
+                await self.on_command(interaction, name, question)
+        else:
+            async def callback(interaction: discord.Interaction, question: str, since: str | None = None,  # type: ignore[misc]
+                               site: str | None = None, depth: Depth | None = None) -> None:
+                await self.on_command(interaction, name, command_text(question, since=since, site=site, depth=depth))
+        names = inspect.signature(callback).parameters
+        described = app_commands.describe(**{key: text for key, text in OPTION_DESCRIPTIONS.items() if key in names})
+        return app_commands.Command(name=name, description=DESCRIPTIONS[name], callback=described(callback))
+
+    async def _setup(self) -> None:
+        """Sync the commands: to DISCORD_GUILD_IDS at every start (instant), globally only when asked."""
+        for guild_id in self.guild_ids:
+            guild = discord.Object(id=guild_id)
+            self.tree.copy_global_to(guild=guild)
+            synced = await self.tree.sync(guild=guild)
+            logger.info("synced %d commands to guild %s", len(synced), guild_id)
+        if self.sync_globally:
+            synced = await self.tree.sync()
+            logger.info("synced %d commands globally (they may take up to an hour to appear)", len(synced))
+        if not self.message_content:
+            logger.warning(MESSAGE_CONTENT_OFF)
+
+    async def on_ready(self) -> None:
+        user = self.client.user
+        logger.info("discord bot connected as %s in %d guilds", user.name if user else "?", len(self.client.guilds))
+
+    # -- interactions ------------------------------------------------------------------------------
+
+    async def on_command(self, interaction: discord.Interaction, name: str, text: str) -> None:
+        """`/research`, `/plan`, `/ask`: defer at once, check the channel, hand to the core, say the replies."""
+        await interaction.response.defer(ephemeral=True, thinking=True)
+        send_private = self._followup_sender(interaction)
+        if interaction.guild_id is not None:
+            missing = missing_permissions(interaction.app_permissions)
+            if missing:
+                await send_private(f"I can't work in this channel: I'm missing the {', '.join(missing)} permission"
+                                   f"{'s' if len(missing) > 1 else ''}. Ask an admin to grant them, or to re-invite "
+                                   "me with the link from `deepthread discord-invite`.")
+                return
+        where = where_of(interaction.channel, guild_id=interaction.guild_id, channel_id=interaction.channel_id or 0)
+        event = command_event(where, user_id=interaction.user.id, name=name, text=text, interaction_id=interaction.id)
+        outcome = await self._handle(event, send_private)
+        if outcome is None:
+            return
+        if outcome.run_id is not None and outcome.thread and outcome.thread != where.thread:
+            await send_private(f"On it: follow along in <#{outcome.thread}>.")
+        elif not any(reply.private for reply in outcome.replies):
+            await send_private("On it." if outcome.run_id is not None else "Done.")
+
+    async def on_interaction(self, interaction: discord.Interaction) -> None:
+        """Buttons (Stop, Retry, Continue, Export): acknowledge with a deferred update, then hand the click to the core."""
+        if interaction.type is not discord.InteractionType.component or interaction.message is None:
+            return
+        custom_id = str((interaction.data or {}).get("custom_id", ""))
+        where = where_of(interaction.channel, guild_id=interaction.guild_id, channel_id=interaction.channel_id or 0)
+        event = button_event(where, user_id=interaction.user.id, message_id=interaction.message.id, custom_id=custom_id)
+        if event is None:
+            return
+        await interaction.response.defer()
+        await self._handle(event, self._followup_sender(interaction))
+
+    # -- gateway events ----------------------------------------------------------------------------
+
+    async def on_message(self, message: discord.Message) -> None:
+        """Direct messages, replies in threads, and mentions (a mention in a channel opens a thread on it)."""
+        me = self.client.user
+        if message.author.bot or message.webhook_id is not None or me is None or message.type not in (
+                discord.MessageType.default, discord.MessageType.reply):
+            return
+        where = where_of(message.channel, guild_id=message.guild.id if message.guild else None,
+                         channel_id=message.channel.id)
+        mentions_bot = me in message.mentions
+        event = message_event(where, user_id=message.author.id, message_id=message.id, text=message.content,
+                              mentions_bot=mentions_bot, bot_user_id=me.id)
+        if event is None:
+            return
+        if event.kind == "mention" and where.thread is None:
+            # The answer needs a thread; one started from the message has the message's id.
+            try:
+                await message.create_thread(name=thread_name(event.text))
+            except discord.HTTPException as error:
+                logger.warning("could not start a thread on a mention (%s)", error.status)
+                return
+            event = event.model_copy(update={"thread": str(message.id)})
+        await self._handle(event, self._direct_message_sender(message.author.id))
+
+    async def on_raw_reaction_add(self, payload: discord.RawReactionActionEvent) -> None:
+        """A reaction: the core decides whether it cancels a run or approves a plan; others are ignored."""
+        me = self.client.user
+        if me is None or payload.user_id == me.id or payload.emoji.name is None:
+            return
+        where = Where.of(guild_id=payload.guild_id, channel_id=payload.channel_id)
+        event = reaction_event(where, user_id=payload.user_id, message_id=payload.message_id, emoji=payload.emoji.name)
+        await self._handle(event, self._direct_message_sender(payload.user_id))
+
+    # -- replies -----------------------------------------------------------------------------------
+
+    async def _handle(self, event: ChatEvent, send_private: PrivateSender) -> Outcome | None:
+        try:
+            outcome = await self.core.handle(event)
+        except Exception:
+            logger.exception("the conversation core failed on a %s event", event.kind)
+            await self._say_privately(send_private, SOMETHING_WENT_WRONG)
+            return None
+        thread = outcome.thread or event.thread
+        for reply in outcome.replies:
+            await self._say(reply, event, thread, send_private)
+        return outcome
+
+    async def _say(self, reply: Reply, event: ChatEvent, thread: str | None, send_private: PrivateSender) -> None:
+        content = self.renderer.reply(reply.text, person=reply.person)
+        if reply.private or thread is None:
+            await self._say_privately(send_private, content.text)
+            return
+        try:
+            await self.messenger.post(Place(platform=event.platform, workspace=event.workspace, channel=event.channel,
+                                            thread=thread), content)
+        except MessengerError as error:
+            logger.warning("could not deliver a reply (%s)", error.reason)
+
+    @staticmethod
+    async def _say_privately(send_private: PrivateSender, text: str) -> None:
+        try:
+            await send_private(text)
+        except (discord.HTTPException, MessengerError) as error:
+            logger.info("could not reply privately (%s)", type(error).__name__)
+
+    @staticmethod
+    def _followup_sender(interaction: discord.Interaction) -> PrivateSender:
+        async def send(text: str) -> None:
+            await interaction.followup.send(text, ephemeral=True, allowed_mentions=NO_MENTIONS)
+        return send
+
+    def _direct_message_sender(self, user_id: int) -> PrivateSender:
+        """Private replies with no interaction to answer go by direct message (when the person accepts them)."""
+        async def send(text: str) -> None:
+            user = self.client.get_user(user_id) or await self.client.fetch_user(user_id)
+            await user.send(text, allowed_mentions=NO_MENTIONS)
+        return send
+
+    # -- running -----------------------------------------------------------------------------------
+
+    async def run(self, token: str) -> None:
+        """Connect and serve until `close()` or a signal (discord.py reconnects on its own)."""
+        async with self.client:
+            await self.client.start(token, reconnect=True)
+
+    async def close(self) -> None:
+        await self.client.close()
+

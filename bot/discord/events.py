@@ -1,0 +1,116 @@
+"""Discord payloads as ChatEvents: pure functions of ids and texts, so the rules need no gateway to test."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from bot.conversation.events import ChatEvent
+from chat.discord.messenger import DIRECT_MESSAGES
+from chat.discord.render import CANCEL_ID, CONTINUE_PREFIX, EXPORT_PREFIX, RETRY_PREFIX
+
+PLATFORM = "discord"
+COMMANDS: tuple[Literal["research", "plan", "ask"], ...] = ("research", "plan", "ask")
+Depth = Literal["deep", "quick"]
+ActionName = Literal["retry", "continue", "export", "cancel"]
+BUTTON_ACTIONS: tuple[tuple[str, ActionName], ...] = (
+    (RETRY_PREFIX, "retry"), (CONTINUE_PREFIX, "continue"), (EXPORT_PREFIX, "export"))
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where something happened, as the core keys conversations: the guild (or DMs), the channel, the thread.
+
+    A thread's messages belong to its parent channel's conversation keyed by the thread; a direct
+    message channel is one conversation of its own (Discord has no threads there).
+    """
+
+    workspace: str
+    channel: str
+    thread: str | None
+
+    @classmethod
+    def of(cls, *, guild_id: int | None, channel_id: int, parent_id: int | None = None, is_thread: bool = False) -> Where:
+        if guild_id is None:
+            return cls(workspace=DIRECT_MESSAGES, channel=str(channel_id), thread=str(channel_id))
+        if is_thread and parent_id is not None:
+            return cls(workspace=str(guild_id), channel=str(parent_id), thread=str(channel_id))
+        return cls(workspace=str(guild_id), channel=str(channel_id), thread=None)
+
+
+def qualified_user(user_id: int | str) -> str:
+    """`discord:42` for Discord's user 42, the form ADMIN_USER_IDS and the core use."""
+    return f"{PLATFORM}:{user_id}"
+
+
+def command_text(question: str, *, since: str | None = None, site: str | None = None, depth: Depth | None = None) -> str:
+    """The command's options written as the words the core parses (`--since`, `--site`, `--deep`/`--quick`)."""
+    words = [question.strip()]
+    if since:
+        words.append(f"--since {since.strip()}")
+    for domain in (site or "").replace(",", " ").split():
+        words.append(f"--site {domain}")
+    if depth:
+        words.append(f"--{depth}")
+    return " ".join(words)
+
+
+def command_event(where: Where, *, user_id: int, name: str, text: str, interaction_id: int) -> ChatEvent:
+    """The ChatEvent of `/research`, `/plan` or `/ask`."""
+    command = name if name in COMMANDS else "research"
+    return ChatEvent(platform=PLATFORM, workspace=where.workspace, channel=where.channel, thread=where.thread,
+                     user=qualified_user(user_id), kind="command", command=command, text=text,  # type: ignore[arg-type]
+                     event_id=str(interaction_id))
+
+
+def without_bot_mention(text: str, bot_user_id: int | None) -> str:
+    """`text` with every mention of the bot (`<@id>`, `<@!id>`) removed and the ends trimmed."""
+    if bot_user_id is None:
+        return text.strip()
+    stripped = re.sub(rf"<@!?{bot_user_id}>", " ", text)
+    return re.sub(r"[ \t]{2,}", " ", stripped).strip()
+
+
+def message_event(where: Where, *, user_id: int, message_id: int, text: str, mentions_bot: bool,
+                  bot_user_id: int | None) -> ChatEvent | None:
+    """A direct message, a reply in a thread, or a mention; None for a channel message not addressed to the bot
+    (or one whose text Discord withheld: no message-content intent and no mention)."""
+    words = without_bot_mention(text, bot_user_id)
+    if not words:
+        return None
+    if where.workspace == DIRECT_MESSAGES:
+        kind: Literal["direct", "message", "mention"] = "direct"
+    elif mentions_bot:
+        kind = "mention"
+    elif where.thread is not None:
+        kind = "message"
+    else:
+        return None
+    return ChatEvent(platform=PLATFORM, workspace=where.workspace, channel=where.channel, thread=where.thread,
+                     user=qualified_user(user_id), kind=kind, text=words, message_id=str(message_id),
+                     event_id=str(message_id))
+
+
+def reaction_event(where: Where, *, user_id: int, message_id: int, emoji: str) -> ChatEvent:
+    """A reaction on a message (the core decides whether it cancels a run or approves a plan)."""
+    return ChatEvent(platform=PLATFORM, workspace=where.workspace, channel=where.channel, user=qualified_user(user_id),
+                     kind="reaction", reaction=emoji, message_id=str(message_id))
+
+
+def button_event(where: Where, *, user_id: int, message_id: int, custom_id: str) -> ChatEvent | None:
+    """A click on one of our buttons; None for any other custom id."""
+    action: ActionName | None = "cancel" if custom_id == CANCEL_ID else None
+    run_id: int | None = None
+    for prefix, name in BUTTON_ACTIONS:
+        if custom_id.startswith(prefix):
+            try:
+                run_id = int(custom_id.removeprefix(prefix))
+            except ValueError:
+                return None
+            action = name
+    if action is None:
+        return None
+    return ChatEvent(platform=PLATFORM, workspace=where.workspace, channel=where.channel, thread=where.thread,
+                     user=qualified_user(user_id), kind="action", action=action, action_run_id=run_id,
+                     message_id=str(message_id))

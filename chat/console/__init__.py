@@ -1,0 +1,1 @@
+"""The terminal: rich rendering and a messenger that prints and redraws."""

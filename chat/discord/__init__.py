@@ -1,0 +1,1 @@
+"""Discord: message and embed rendering within Discord's limits, and the REST messenger."""

@@ -1,0 +1,271 @@
+"""Discord rendering: status messages, reports and replies as Discord Markdown within Discord's limits.
+
+Discord shows Markdown in message content (headings up to `###`, lists, bold, masked links, code,
+`-#` subtext), so a report keeps the model's Markdown and is split at paragraph boundaries into
+messages of at most 2,000 characters; a report that would take more than `max_messages` messages goes
+out as a short summary with the whole text attached as `report.md`. Nothing is cut off.
+
+No message can ping anyone by accident: every message carries `allowed_mentions` with nothing to
+parse, and only the report's first message lists the requester, the one person it mentions on purpose.
+Untrusted text that is not Markdown by nature (questions, page titles, reasons) is escaped, so it
+shows as typed. Link previews are suppressed on every message (`flags`: SUPPRESS_EMBEDS).
+
+Discord-specific parts of a message ride in `Content.extra["discord"]`: `allowed_mentions`, `flags`
+and `components` (the Stop, Retry, Continue and Export buttons), which the messenger sends as they are.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from typing import Any
+
+from chat.message import Content, FileUpload
+from chat.render import ReportDelivery, with_person
+from chat.state import RunProgress
+from chat.status import ending, headline, is_unfinished, measures_line, phase_checklist
+from chat.text import (
+    FENCE,
+    footer_lines,
+    markdown_paragraphs,
+    pack_pieces,
+    shortened,
+    single_line,
+    split_source,
+    title_and_body,
+    unchanged,
+)
+from research.report import SNIPPET_LABEL, STOPPED_BY_USER_LINE, Report, ReportSource, render_markdown, safe_http_url
+
+CONTENT_LIMIT = 2_000
+EMBED_DESCRIPTION_LIMIT = 4_096
+EMBEDS_TOTAL_LIMIT = 6_000
+EMBEDS_PER_MESSAGE = 10
+THREAD_NAME_LIMIT = 100
+DEFAULT_MAX_MESSAGES = 12
+REPORT_FILENAME = "report.md"
+SUPPRESS_EMBEDS = 1 << 2
+KEY = "discord"
+
+# Button custom ids: the adapter reads the action, and the run id after the second colon where there is one.
+CANCEL_ID = "deepthread:cancel"
+RETRY_PREFIX = "deepthread:retry:"
+CONTINUE_PREFIX = "deepthread:continue:"
+EXPORT_PREFIX = "deepthread:export:"
+BUTTON_PRIMARY, BUTTON_SECONDARY, BUTTON_DANGER = 1, 2, 4
+
+_MARKDOWN_SPECIALS = re.compile(r"([\\*_~`|>#\[\]()<-])")
+_DISCORD_USER_ID = re.compile(r"^\d{15,21}$")
+_HEADING = re.compile(r"^(\s{0,3})(#{4,6})\s+(.*?)\s*#*\s*$")
+_RULE = re.compile(r"^\s{0,3}([-*_])(?:\s*\1){2,}\s*$")
+
+
+# --- markup ----------------------------------------------------------------------------------------
+
+def escape_text(text: str) -> str:
+    """`text` with Discord's Markdown characters backslash-escaped, so it shows exactly as typed."""
+    return _MARKDOWN_SPECIALS.sub(r"\\\1", text)
+
+
+def bare_user(user: str) -> str:
+    """`discord:42` → `42`: the id as Discord knows it."""
+    return user.removeprefix(f"{KEY}:")
+
+
+def user_mention(user: str) -> str:
+    """`<@42>` for a Discord user id (a `discord:` prefix is allowed); any other value is shown as escaped text."""
+    bare = bare_user(user)
+    return f"<@{bare}>" if _DISCORD_USER_ID.match(bare) else escape_text(user)
+
+
+class DiscordMarkup:
+    """Discord Markdown for the shared status wording."""
+
+    escape = staticmethod(escape_text)
+
+    @staticmethod
+    def bold(escaped: str) -> str:
+        return f"**{escaped}**"
+
+    @staticmethod
+    def mention(user: str) -> str:
+        return user_mention(user)
+
+
+MARKUP = DiscordMarkup()
+
+
+def no_pings(*users: str) -> dict[str, Any]:
+    """`allowed_mentions` that lets nothing ping but the given users."""
+    ids = [bare_user(user) for user in users if _DISCORD_USER_ID.match(bare_user(user))]
+    return {"parse": [], "users": ids} if ids else {"parse": []}
+
+
+def message(text: str, *, components: list[dict[str, Any]] | None = None, mention: str | None = None) -> Content:
+    """One Discord message: `text` as content, link previews off, pinging nobody but `mention`."""
+    payload: dict[str, Any] = {"allowed_mentions": no_pings(mention) if mention else no_pings(),
+                               "flags": SUPPRESS_EMBEDS}
+    if components is not None:
+        payload["components"] = components
+    return Content(text=text, extra={KEY: payload})
+
+
+def button(label: str, custom_id: str, style: int = BUTTON_SECONDARY) -> dict[str, Any]:
+    return {"type": 2, "style": style, "label": label, "custom_id": custom_id}
+
+
+def action_row(*buttons: dict[str, Any]) -> dict[str, Any]:
+    return {"type": 1, "components": list(buttons)}
+
+
+def status_buttons(progress: RunProgress) -> list[dict[str, Any]]:
+    """Stop while a run is queued or running; Retry (and Continue for research) once it ended unfinished."""
+    if progress.state in ("queued", "running"):
+        return [action_row(button("Stop", CANCEL_ID, BUTTON_DANGER))]
+    if is_unfinished(progress) and progress.run_id:
+        buttons = [button("Retry", f"{RETRY_PREFIX}{progress.run_id}", BUTTON_PRIMARY)]
+        if progress.mode == "research":
+            buttons.append(button("Continue", f"{CONTINUE_PREFIX}{progress.run_id}"))
+        return [action_row(*buttons)]
+    return []
+
+
+def thread_name(text: str) -> str:
+    """A thread name from `text`: one line, at most 100 characters."""
+    return shortened(single_line(text), THREAD_NAME_LIMIT) or "deepthread"
+
+
+# --- reports -------------------------------------------------------------------------------------
+
+def _discord_line(line: str) -> str:
+    """Markdown Discord does not show, made into what it does: `####` headings bold, rules a line of dashes."""
+    if heading := _HEADING.match(line):
+        return f"{heading.group(1)}**{heading.group(3)}**"
+    if _RULE.match(line):
+        return "──────────"
+    return line
+
+
+def paragraph_to_discord(paragraph: str) -> str:
+    """One Markdown paragraph for Discord: fenced code as it is, other lines adjusted where Discord differs."""
+    if FENCE.match(paragraph):
+        return paragraph
+    return "\n".join(_discord_line(line) for line in paragraph.splitlines())
+
+
+def _split_code_block(paragraph: str, limit: int) -> list[str]:
+    """A fenced code block too long for one message, as several fenced blocks cut at line ends."""
+    lines = paragraph.splitlines()
+    opening = lines[0].strip()
+    fence = FENCE.match(lines[0]).group(1)  # type: ignore[union-attr]
+    body = lines[1:-1] if len(lines) > 1 and lines[-1].strip().startswith(fence) else lines[1:]
+    wrap = len(opening) + len(fence) + 2
+    return [f"{opening}\n{piece}\n{fence}" for piece in split_source("\n".join(body), unchanged, limit - wrap, ("\n", " "))]
+
+
+def paragraph_pieces(paragraph: str, limit: int = CONTENT_LIMIT) -> list[str]:
+    """One paragraph as pieces of at most `limit` characters (long ones cut at lines, sentences, words)."""
+    converted = paragraph_to_discord(paragraph)
+    if len(converted) <= limit:
+        return [converted]
+    if FENCE.match(paragraph):
+        return _split_code_block(paragraph, limit)
+    return split_source(paragraph, paragraph_to_discord, limit)
+
+
+def source_line(source: ReportSource) -> str:
+    """`[1] [Title](url)`: the page's title (escaped) linked to its http(s) address."""
+    title = escape_text(single_line(source.title) or source.url)
+    url = safe_http_url(source.url)
+    link = f"[{title}]({url.replace('(', '%28').replace(')', '%29')})" if url else (
+        f"{title} ({escape_text(source.url)})" if source.url else title)
+    line = f"\\[{source.number}\\] {link}"
+    return f"{line} *({SNIPPET_LABEL})*" if source.snippet_only else line
+
+
+def report_pieces(report: Report) -> list[str]:
+    """The report as Discord Markdown pieces in reading order (title, body, sources, footer), each ≤ 2,000."""
+    title, body = title_and_body(report)
+    pieces = split_source(f"# {escape_text(title)}", unchanged, CONTENT_LIMIT)
+    for paragraph in markdown_paragraphs(body):
+        pieces.extend(paragraph_pieces(paragraph))
+    if report.sources:
+        pieces.extend(pack_pieces(["## Sources", *(source_line(source) for source in report.sources)],
+                                  CONTENT_LIMIT, joiner="\n"))
+    footer = [f"-# {escape_text(line)}" for line in footer_lines(report)]
+    pieces.extend(pack_pieces(footer, CONTENT_LIMIT, joiner="\n"))
+    if report.stopped_by_user:
+        pieces.append(f"**{escape_text(STOPPED_BY_USER_LINE)}**")
+    return pieces
+
+
+def export_row(run_id: int) -> dict[str, Any]:
+    return action_row(button("Export Markdown", f"{EXPORT_PREFIX}{run_id}"))
+
+
+# --- the renderer --------------------------------------------------------------------------------
+
+class DiscordRenderer:
+    """Status messages, reports, notices and replies as Discord messages, within Discord's limits."""
+
+    platform = KEY
+
+    def __init__(self, *, cancel_emoji: str = "❌", max_messages: int = DEFAULT_MAX_MESSAGES) -> None:
+        self.cancel_emoji = cancel_emoji if not cancel_emoji.isascii() else "❌"
+        self.max_messages = max_messages
+
+    def status(self, progress: RunProgress, *, now: dt.datetime) -> Content:
+        """Question, requester, phase checklist, counts, bar, elapsed time and ending; Stop or Retry buttons."""
+        parts = [headline(progress, MARKUP)]
+        if progress.state != "queued":
+            parts.append(phase_checklist(progress, MARKUP))
+        measures = measures_line(progress, now)
+        if measures:
+            parts.append(f"-# {measures}")
+        parts.append(ending(progress, MARKUP, stop_hint=f"React with {self.cancel_emoji} or press **Stop**"))
+        text = "\n".join(part for part in parts if part)
+        return message(text, components=status_buttons(progress))
+
+    def report(self, report: Report, *, requester: str, run_id: int | None = None) -> ReportDelivery:
+        """The report's messages, the first mentioning the requester, the last with an export button when
+        `run_id` is given; as a summary plus `report.md` when it would take more than `max_messages`."""
+        greeting = self._greeting(report, requester)
+        texts = pack_pieces([greeting, *report_pieces(report)], CONTENT_LIMIT)
+        if len(texts) > self.max_messages:
+            return self._as_file(report, greeting, requester, run_id)
+        messages = [message(text, mention=requester if index == 0 else None) for index, text in enumerate(texts)]
+        if run_id is not None:
+            last = messages[-1]
+            messages[-1] = last.model_copy(update={"extra": {KEY: {**last.extra[KEY], "components": [export_row(run_id)]}}})
+        return ReportDelivery(messages=messages)
+
+    def notice(self, text: str) -> Content:
+        """A short notice in the thread; the text is untrusted and shown as typed."""
+        return message(escape_text(text))
+
+    def reply(self, text: str, *, person: str | None = None) -> Content:
+        """A core reply: its neutral markup is Discord Markdown already; `person` is named without a ping."""
+        return message(with_person(text, person, unchanged, user_mention))
+
+    def _greeting(self, report: Report, requester: str) -> str:
+        question = escape_text(shortened(single_line(report.question) or title_and_body(report)[0], 300))
+        if report.mode == "plan":
+            return (f"{user_mention(requester)} here is a research plan for “{question}”. Reply **go** (or react ✅ "
+                    "on the status message) to run it, or reply with what to change.")
+        if report.mode in ("chat", "followup"):
+            return f"{user_mention(requester)} on “{question}”:"
+        return f"{user_mention(requester)} here is your report on “{question}”."
+
+    def _as_file(self, report: Report, greeting: str, requester: str, run_id: int | None) -> ReportDelivery:
+        title, _ = title_and_body(report)
+        lines = [greeting, f"**{escape_text(shortened(title, 300))}**",
+                 f"The report is too long for Discord messages, so the full text is in `{REPORT_FILENAME}` below "
+                 f"({len(report.sources)} sources)."]
+        lines.extend(f"-# {escape_text(shortened(line, 500))}" for line in footer_lines(report))
+        if report.stopped_by_user:
+            lines.append(f"**{escape_text(STOPPED_BY_USER_LINE)}**")
+        summary = message("\n".join(lines), mention=requester,
+                          components=[export_row(run_id)] if run_id is not None else None)
+        upload = FileUpload(filename=REPORT_FILENAME, data=render_markdown(report).encode("utf-8"),
+                            title=thread_name(title))
+        return ReportDelivery(messages=[summary], file=upload)

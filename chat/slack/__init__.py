@@ -1,0 +1,1 @@
+"""Slack: Block Kit rendering and the Web API messenger."""

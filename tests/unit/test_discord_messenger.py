@@ -1,0 +1,513 @@
+"""The Discord REST messenger against an in-process fake of Discord (httpx.MockTransport) and a fake clock."""
+
+from __future__ import annotations
+
+import email.parser
+import itertools
+import json
+import logging
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+
+from chat.discord.messenger import DIRECT_MESSAGES, TEXT_LIMIT, DiscordMessenger, build_discord_http
+from chat.message import Content, FileUpload, MessageRef, MessengerError, Place
+
+TOKEN = "MTE5.fake-bot-token.do-not-leak"
+API_URL = "https://discord.test/api/v10"
+GUILD = "111111111111111111"
+CHANNEL = "222222222222222222"
+OTHER_CHANNEL = "333333333333333333"
+DM_CHANNEL = "444444444444444444"
+MESSAGES_PATH = re.compile(r"^/api/v10/channels/(\d+)/messages$")
+MESSAGE_PATH = re.compile(r"^/api/v10/channels/(\d+)/messages/(\d+)$")
+THREADS_PATH = re.compile(r"^/api/v10/channels/(\d+)/messages/(\d+)/threads$")
+
+
+class FakeClock:
+    """A monotonic clock that only moves when the code under test sleeps."""
+
+    def __init__(self) -> None:
+        self.now = 1_000.0
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+@dataclass
+class Call:
+    """One request as the fake saw it, and what it answered."""
+
+    method: str
+    path: str
+    at: float
+    headers: httpx.Headers
+    body: dict[str, Any]
+    files: dict[str, tuple[str, bytes, str]]
+    status: int = 0
+
+
+@dataclass
+class Scripted:
+    """An answer given instead of (or, with `handled`, after doing) what Discord would do."""
+
+    method: str
+    path_suffix: str = ""
+    status: int = 200
+    body: Any = None
+    headers: dict[str, str] = field(default_factory=dict)
+    handled: bool = False
+    error: Exception | None = None
+
+
+class FakeDiscord:
+    """Discord's message, edit and thread routes in memory, with its nonce, error and rate-limit answers."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.calls: list[Call] = []
+        self.messages: dict[str, dict[str, Any]] = {}
+        self.threads: dict[str, dict[str, Any]] = {}
+        self.edits: list[tuple[str, str]] = []
+        self._message_by_nonce: dict[str, str] = {}
+        self._scripted: list[Scripted] = []
+        self._ids = itertools.count(900_000_000_000_000_001)
+
+    def answer_next(self, method: str, *, path_suffix: str = "", status: int = 200, body: Any = None,
+                    headers: dict[str, str] | None = None, times: int = 1, handled: bool = False,
+                    error: Exception | None = None) -> None:
+        """The next `times` calls with `method` (to a path ending in `path_suffix`) get this answer; `handled` does
+        the real work first, so the answer is a lost one."""
+        for _ in range(times):
+            self._scripted.append(Scripted(method, path_suffix, status, body, headers or {}, handled, error))
+
+    def rate_limit_next(self, method: str, retry_after: float, *, times: int = 1, is_global: bool = False) -> None:
+        body = {"message": "You are being rate limited.", "retry_after": retry_after, "global": is_global}
+        self.answer_next(method, status=429, body=body, times=times,
+                         headers={"X-RateLimit-Global": "true"} if is_global else {})
+
+    def channel_messages(self, channel: str) -> list[dict[str, Any]]:
+        return [message for message in self.messages.values() if message["channel_id"] == channel]
+
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        body, files = _parse_body(request)
+        call = Call(request.method, request.url.path, self.clock.now, request.headers, body, files)
+        self.calls.append(call)
+        scripted = next((answer for answer in self._scripted
+                         if answer.method == request.method and request.url.path.endswith(answer.path_suffix)), None)
+        if scripted is not None:
+            self._scripted.remove(scripted)
+            if scripted.handled:
+                self._route(request.method, request.url.path, body)
+            if scripted.error is not None:
+                raise scripted.error
+            call.status = scripted.status
+            return httpx.Response(scripted.status, json=scripted.body, headers=scripted.headers)
+        if request.headers.get("Authorization") != f"Bot {TOKEN}":
+            call.status = 401
+            return httpx.Response(401, json={"message": "401: Unauthorized", "code": 0})
+        status, answer = self._route(request.method, request.url.path, body)
+        call.status = status
+        headers = {"X-RateLimit-Bucket": f"hash-{request.method}-{len(request.url.path.split('/'))}",
+                   "X-RateLimit-Limit": "5", "X-RateLimit-Remaining": "4", "X-RateLimit-Reset-After": "5.0"}
+        return httpx.Response(status, json=answer, headers=headers)
+
+    def _route(self, method: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        if method == "POST" and (match := MESSAGES_PATH.match(path)):
+            nonce = body.get("nonce")
+            if body.get("enforce_nonce") and nonce in self._message_by_nonce:
+                return 200, self.messages[self._message_by_nonce[nonce]]
+            message = {"id": str(next(self._ids)), "channel_id": match.group(1), **body}
+            self.messages[message["id"]] = message
+            if nonce is not None:
+                self._message_by_nonce[nonce] = message["id"]
+            return 200, message
+        if method == "PATCH" and (match := MESSAGE_PATH.match(path)):
+            message = self.messages.get(match.group(2))
+            if message is None or message["channel_id"] != match.group(1):
+                return 404, {"message": "Unknown Message", "code": 10008}
+            message.update(body)
+            self.edits.append((message["id"], body["content"]))
+            return 200, message
+        if method == "POST" and (match := THREADS_PATH.match(path)):
+            channel, message_id = match.groups()
+            if message_id in self.threads:
+                return 400, {"message": "A thread has already been created for this message", "code": 160004}
+            # A thread started from a message has the message's id.
+            self.threads[message_id] = {"id": message_id, "type": 11, "parent_id": channel, **body}
+            return 201, self.threads[message_id]
+        return 404, {"message": "404: Not Found", "code": 0}
+
+
+def _parse_body(request: httpx.Request) -> tuple[dict[str, Any], dict[str, tuple[str, bytes, str]]]:
+    """The JSON body of a request, or the `payload_json` and files of a multipart one."""
+    content = request.read()
+    content_type = request.headers.get("Content-Type", "")
+    if not content:
+        return {}, {}
+    if not content_type.startswith("multipart/form-data"):
+        return json.loads(content), {}
+    parsed = email.parser.BytesParser().parsebytes(b"Content-Type: " + content_type.encode() + b"\r\n\r\n" + content)
+    body: dict[str, Any] = {}
+    files: dict[str, tuple[str, bytes, str]] = {}
+    for part in parsed.get_payload():
+        name = part.get_param("name", header="content-disposition")
+        data = part.get_payload(decode=True)
+        if part.get_filename():
+            files[name] = (part.get_filename(), data, part.get_content_type())
+        elif name == "payload_json":
+            body = json.loads(data)
+    return body, files
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def discord(clock: FakeClock) -> FakeDiscord:
+    return FakeDiscord(clock)
+
+
+@pytest.fixture
+def http(discord: FakeDiscord) -> Iterator[httpx.AsyncClient]:
+    yield httpx.AsyncClient(base_url=API_URL, transport=httpx.MockTransport(discord.handler),
+                            headers={"Authorization": f"Bot {TOKEN}"})
+
+
+@pytest.fixture
+def messenger(http: httpx.AsyncClient, clock: FakeClock) -> DiscordMessenger:
+    return DiscordMessenger(http, sleep=clock.sleep, clock=clock)
+
+
+def channel_place(thread: str | None = None, channel: str = CHANNEL) -> Place:
+    return Place(platform="discord", workspace=GUILD, channel=channel, thread=thread)
+
+
+def with_buttons(text: str) -> Content:
+    button = {"type": 2, "style": 4, "label": "Cancel", "custom_id": "cancel:run-1"}
+    return Content(text=text, extra={"discord": {"components": [{"type": 1, "components": [button]}]}})
+
+
+async def test_post_sends_the_text_with_no_mentions_no_link_previews_and_a_nonce(discord: FakeDiscord,
+                                                                                 messenger: DiscordMessenger) -> None:
+    ref = await messenger.post(channel_place(), Content(text="hello @everyone"))
+    [call] = discord.calls
+    assert (call.method, call.path) == ("POST", f"/api/v10/channels/{CHANNEL}/messages")
+    assert call.body["content"] == "hello @everyone"
+    assert call.body["allowed_mentions"] == {"parse": []}
+    assert call.body["flags"] == 4
+    assert call.body["enforce_nonce"] is True
+    assert re.fullmatch(r"\d{1,25}", call.body["nonce"])
+    assert "components" not in call.body and "embeds" not in call.body
+    [message] = discord.channel_messages(CHANNEL)
+    assert ref == MessageRef(platform="discord", workspace=GUILD, channel=CHANNEL, message_id=message["id"], thread=None)
+
+
+async def test_post_sends_the_renderers_allowed_mentions_flags_embeds_and_components(
+        discord: FakeDiscord, messenger: DiscordMessenger) -> None:
+    extra = {"allowed_mentions": {"users": ["555"]}, "flags": 0, "embeds": [{"title": "Report"}],
+             "components": [{"type": 1, "components": []}], "content": "not from here"}
+    await messenger.post(channel_place(), Content(text="<@555> your report", extra={"discord": extra}))
+    body = discord.calls[0].body
+    assert body["allowed_mentions"] == {"users": ["555"]} and body["flags"] == 0
+    assert body["embeds"] == [{"title": "Report"}] and body["components"] == [{"type": 1, "components": []}]
+    assert body["content"] == "<@555> your report"
+
+
+async def test_each_post_gets_its_own_nonce(discord: FakeDiscord, messenger: DiscordMessenger) -> None:
+    await messenger.post(channel_place(), Content(text="one"))
+    await messenger.post(channel_place(), Content(text="one"))
+    assert discord.calls[0].body["nonce"] != discord.calls[1].body["nonce"]
+    assert len(discord.channel_messages(CHANNEL)) == 2
+
+
+async def test_post_in_a_thread_goes_to_the_threads_channel_id(discord: FakeDiscord, messenger: DiscordMessenger) -> None:
+    thread = "666666666666666666"
+    ref = await messenger.post(channel_place(thread), Content(text="in the thread"))
+    assert discord.calls[0].path == f"/api/v10/channels/{thread}/messages"
+    assert (ref.channel, ref.thread, ref.workspace) == (thread, thread, GUILD)
+
+
+async def test_rate_limited_edit_waits_retry_after_and_lands_once(discord: FakeDiscord, messenger: DiscordMessenger,
+                                                                  clock: FakeClock) -> None:
+    ref = await messenger.post(channel_place(), Content(text="searching"))
+    discord.rate_limit_next("PATCH", 2.5)
+    started = clock.now
+    await messenger.edit(ref, Content(text="reading"))
+    patches = [call for call in discord.calls if call.method == "PATCH"]
+    assert [call.status for call in patches] == [429, 200]
+    assert patches[1].at - patches[0].at >= 2.5 and clock.now - started >= 2.5
+    assert discord.edits == [(ref.message_id, "reading")]
+
+
+async def test_three_429s_in_a_row_are_each_waited_out(discord: FakeDiscord, messenger: DiscordMessenger,
+                                                       clock: FakeClock) -> None:
+    ref = await messenger.post(channel_place(), Content(text="searching"))
+    discord.rate_limit_next("PATCH", 2.5, times=3)
+    await messenger.edit(ref, Content(text="reading"))
+    patches = [call for call in discord.calls if call.method == "PATCH"]
+    assert [call.status for call in patches] == [429, 429, 429, 200]
+    assert all(later.at - earlier.at >= 2.5 for earlier, later in zip(patches, patches[1:]))
+    assert discord.edits == [(ref.message_id, "reading")]
+
+
+async def test_429_without_a_body_waits_the_retry_after_header(discord: FakeDiscord, messenger: DiscordMessenger,
+                                                               clock: FakeClock) -> None:
+    discord.answer_next("POST", status=429, headers={"Retry-After": "7"})
+    await messenger.post(channel_place(), Content(text="hello"))
+    assert [call.status for call in discord.calls] == [429, 200]
+    assert discord.calls[1].at - discord.calls[0].at >= 7
+
+
+async def test_global_429_holds_back_the_next_call_on_any_route(discord: FakeDiscord, http: httpx.AsyncClient,
+                                                                 clock: FakeClock) -> None:
+    messenger = DiscordMessenger(http, max_attempts=1, sleep=clock.sleep, clock=clock)
+    ref = await messenger.post(channel_place(), Content(text="status"))
+    discord.rate_limit_next("PATCH", 4.0, is_global=True)
+    with pytest.raises(MessengerError):
+        await messenger.edit(ref, Content(text="reading"))
+    await messenger.post(channel_place(channel=OTHER_CHANNEL), Content(text="elsewhere"))
+    assert clock.sleeps == [4.0]
+    assert discord.calls[-1].status == 200 and discord.calls[-1].at - discord.calls[-2].at == 4.0
+
+
+async def test_post_retried_after_a_500_reuses_its_nonce_and_is_not_doubled(discord: FakeDiscord,
+                                                                             messenger: DiscordMessenger) -> None:
+    # Discord made the message, but the answer was a 500: the retry must not make a second one.
+    discord.answer_next("POST", status=500, body={"message": "500: Internal Server Error", "code": 0}, handled=True)
+    ref = await messenger.post(channel_place(), Content(text="the report"))
+    first, second = discord.calls
+    assert (first.status, second.status) == (500, 200)
+    assert first.body["nonce"] == second.body["nonce"]
+    [message] = discord.channel_messages(CHANNEL)
+    assert message["id"] == ref.message_id and message["content"] == "the report"
+
+
+async def test_post_retried_after_a_timeout_reuses_its_nonce_and_is_not_doubled(discord: FakeDiscord,
+                                                                                messenger: DiscordMessenger,
+                                                                                clock: FakeClock) -> None:
+    discord.answer_next("POST", handled=True, error=httpx.ReadTimeout("read timed out"))
+    ref = await messenger.post(channel_place(), Content(text="the report"))
+    assert discord.calls[0].body["nonce"] == discord.calls[1].body["nonce"]
+    assert [message["id"] for message in discord.channel_messages(CHANNEL)] == [ref.message_id]
+    assert clock.sleeps == [0.5]
+
+
+async def test_server_errors_are_retried_with_a_growing_backoff_then_raise_retryable(
+        discord: FakeDiscord, http: httpx.AsyncClient, clock: FakeClock) -> None:
+    messenger = DiscordMessenger(http, max_attempts=4, sleep=clock.sleep, clock=clock)
+    discord.answer_next("POST", status=503, body=None, times=4)
+    with pytest.raises(MessengerError) as raised:
+        await messenger.post(channel_place(), Content(text="lost?"))
+    assert raised.value.retryable and raised.value.reason == "http_503"
+    assert clock.sleeps == [0.5, 1.0, 2.0]
+    assert len(discord.calls) == 4
+
+
+async def test_empty_bucket_makes_the_next_call_on_it_wait_for_the_reset(discord: FakeDiscord,
+                                                                        messenger: DiscordMessenger,
+                                                                        clock: FakeClock) -> None:
+    exhausted = {"X-RateLimit-Bucket": "posts", "X-RateLimit-Remaining": "0", "X-RateLimit-Reset-After": "3"}
+    discord.answer_next("POST", body={"id": "700000000000000001"}, headers=exhausted)
+    await messenger.post(channel_place(), Content(text="first"))
+    await messenger.post(channel_place(), Content(text="second"))
+    assert clock.sleeps == [3.0]
+    assert discord.calls[1].at - discord.calls[0].at == 3.0
+
+
+async def test_empty_bucket_does_not_hold_back_another_channel(discord: FakeDiscord, messenger: DiscordMessenger,
+                                                               clock: FakeClock) -> None:
+    await messenger.post(channel_place(channel=OTHER_CHANNEL), Content(text="learn the bucket there"))
+    exhausted = {"X-RateLimit-Bucket": "hash-POST-6", "X-RateLimit-Remaining": "0", "X-RateLimit-Reset-After": "3"}
+    discord.answer_next("POST", body={"id": "700000000000000001"}, headers=exhausted)
+    await messenger.post(channel_place(), Content(text="first"))
+    await messenger.post(channel_place(channel=OTHER_CHANNEL), Content(text="elsewhere"))
+    assert clock.sleeps == []
+
+
+async def test_edits_of_different_messages_in_one_channel_share_a_bucket(discord: FakeDiscord,
+                                                                         messenger: DiscordMessenger,
+                                                                         clock: FakeClock) -> None:
+    first = await messenger.post(channel_place(), Content(text="one"))
+    second = await messenger.post(channel_place(), Content(text="two"))
+    exhausted = {"X-RateLimit-Bucket": "edits", "X-RateLimit-Remaining": "0", "X-RateLimit-Reset-After": "1.5"}
+    discord.answer_next("PATCH", body={"id": first.message_id}, headers=exhausted)
+    await messenger.edit(first, Content(text="one, edited"))
+    await messenger.edit(second, Content(text="two, edited"))
+    assert clock.sleeps == [1.5]
+    assert discord.edits == [(second.message_id, "two, edited")]
+
+
+async def test_missing_permissions_raises_at_once_with_discords_code_and_message(discord: FakeDiscord,
+                                                                                 messenger: DiscordMessenger,
+                                                                                 clock: FakeClock) -> None:
+    discord.answer_next("POST", status=403, body={"code": 50013, "message": "Missing Permissions"})
+    with pytest.raises(MessengerError) as raised:
+        await messenger.post(channel_place(), Content(text="hello"))
+    assert str(raised.value) == raised.value.reason == "50013: Missing Permissions"
+    assert raised.value.retryable is False
+    assert len(discord.calls) == 1 and clock.sleeps == []
+
+
+async def test_rate_limit_outlasting_the_attempts_raises_a_retryable_error(discord: FakeDiscord,
+                                                                           http: httpx.AsyncClient,
+                                                                           clock: FakeClock) -> None:
+    messenger = DiscordMessenger(http, max_attempts=3, sleep=clock.sleep, clock=clock)
+    discord.rate_limit_next("POST", 1.0, times=5)
+    with pytest.raises(MessengerError) as raised:
+        await messenger.post(channel_place(), Content(text="lost?"))
+    assert raised.value.retryable and raised.value.reason == "rate_limited"
+    assert len(discord.calls) == 3 and discord.messages == {}
+
+
+async def test_429_asking_for_a_very_long_wait_is_raised_at_once_as_retryable(discord: FakeDiscord,
+                                                                              messenger: DiscordMessenger,
+                                                                              clock: FakeClock) -> None:
+    discord.rate_limit_next("POST", 3_600.0)
+    with pytest.raises(MessengerError) as raised:
+        await messenger.post(channel_place(), Content(text="later"))
+    assert raised.value.retryable and clock.sleeps == [] and len(discord.calls) == 1
+
+
+async def test_text_over_2000_characters_is_posted_as_several_messages_with_components_on_the_last(
+        discord: FakeDiscord, messenger: DiscordMessenger) -> None:
+    paragraphs = [f"Paragraph {index}: " + "words " * 60 for index in range(20)]
+    text = "\n\n".join(paragraph.strip() for paragraph in paragraphs)
+    assert len(text) > TEXT_LIMIT
+    ref = await messenger.post(channel_place(), with_buttons(text))
+    posted = discord.channel_messages(CHANNEL)
+    assert len(posted) > 1 and posted[0]["id"] == ref.message_id
+    assert all(len(message["content"]) <= TEXT_LIMIT for message in posted)
+    assert re.sub(r"\s", "", "".join(message["content"] for message in posted)) == re.sub(r"\s", "", text)
+    assert ["components" in message for message in posted] == [False] * (len(posted) - 1) + [True]
+    assert all(message["allowed_mentions"] == {"parse": []} for message in posted)
+    assert len({message["nonce"] for message in posted}) == len(posted)
+
+
+async def test_edit_over_2000_characters_raises_content_too_long_without_calling_discord(
+        discord: FakeDiscord, messenger: DiscordMessenger) -> None:
+    ref = await messenger.post(channel_place(), Content(text="status"))
+    with pytest.raises(MessengerError) as raised:
+        await messenger.edit(ref, Content(text="x" * (TEXT_LIMIT + 1)))
+    assert raised.value.reason == "content_too_long" and not raised.value.retryable
+    assert [call.method for call in discord.calls] == ["POST"]
+
+
+async def test_edit_without_components_removes_the_old_buttons(discord: FakeDiscord, messenger: DiscordMessenger) -> None:
+    ref = await messenger.post(channel_place(), with_buttons("running"))
+    await messenger.edit(ref, Content(text="done"))
+    edit = discord.calls[-1]
+    assert (edit.method, edit.path) == ("PATCH", f"/api/v10/channels/{CHANNEL}/messages/{ref.message_id}")
+    assert edit.body["components"] == [] and edit.body["embeds"] == []
+    assert edit.body["allowed_mentions"] == {"parse": []} and edit.body["content"] == "done"
+    assert discord.messages[ref.message_id]["components"] == []
+
+
+async def test_open_thread_posts_the_status_in_the_channel_then_starts_a_thread_from_it(
+        discord: FakeDiscord, messenger: DiscordMessenger) -> None:
+    title = Content(text="What changed in\nthe EU AI Act " + "and its annexes " * 20)
+    opened = await messenger.open_thread(channel_place(), title=title, status=with_buttons("searching"))
+    post, start = discord.calls
+    assert post.path == f"/api/v10/channels/{CHANNEL}/messages" and post.body["content"] == "searching"
+    [status_message] = discord.channel_messages(CHANNEL)
+    assert start.path == f"/api/v10/channels/{CHANNEL}/messages/{status_message['id']}/threads"
+    name = start.body["name"]
+    assert len(name) <= 100 and name.endswith("…") and "\n" not in name and name.startswith("What changed in the EU")
+    assert start.body["auto_archive_duration"] == 1440
+    assert opened.thread == discord.threads[status_message["id"]]["id"]
+    assert opened.status == MessageRef(platform="discord", workspace=GUILD, channel=CHANNEL,
+                                       message_id=status_message["id"], thread=opened.thread)
+    await messenger.edit(opened.status, Content(text="reading"))
+    await messenger.post(channel_place(opened.thread), Content(text="the report"))
+    assert discord.calls[-2].path == f"/api/v10/channels/{CHANNEL}/messages/{status_message['id']}"
+    assert discord.calls[-1].path == f"/api/v10/channels/{opened.thread}/messages"
+
+
+async def test_thread_start_retried_after_a_lost_answer_uses_the_thread_already_made(
+        discord: FakeDiscord, messenger: DiscordMessenger) -> None:
+    discord.answer_next("POST", path_suffix="/threads", status=500, handled=True)
+    opened = await messenger.open_thread(channel_place(), title=Content(text="Question"), status=Content(text="searching"))
+    starts = [call for call in discord.calls if call.path.endswith("/threads")]
+    assert [call.status for call in starts] == [500, 400]
+    assert opened.thread == opened.status.message_id == opened.status.thread
+    assert list(discord.threads) == [opened.thread]
+
+
+async def test_open_thread_in_direct_messages_creates_no_thread_and_the_thread_is_the_channel(
+        discord: FakeDiscord, messenger: DiscordMessenger) -> None:
+    place = Place(platform="discord", workspace=DIRECT_MESSAGES, channel=DM_CHANNEL)
+    opened = await messenger.open_thread(place, title=Content(text="Question"), status=Content(text="searching"))
+    [post] = discord.calls
+    assert post.path == f"/api/v10/channels/{DM_CHANNEL}/messages"
+    assert discord.threads == {}
+    assert opened.thread == DM_CHANNEL
+    assert (opened.status.channel, opened.status.workspace) == (DM_CHANNEL, DIRECT_MESSAGES)
+    await messenger.post(place.model_copy(update={"thread": opened.thread}), Content(text="the report"))
+    assert discord.calls[-1].path == f"/api/v10/channels/{DM_CHANNEL}/messages"
+
+
+async def test_upload_sends_multipart_with_payload_json_and_the_file_bytes(discord: FakeDiscord,
+                                                                           messenger: DiscordMessenger) -> None:
+    thread = "666666666666666666"
+    data = "# Report\n\nEvery word kept, even ünïcödé.\n".encode()
+    ref = await messenger.upload(channel_place(thread),
+                                 FileUpload(filename="report.md", data=data, title="Report", comment="The full report"))
+    [call] = discord.calls
+    assert call.path == f"/api/v10/channels/{thread}/messages"
+    assert call.headers["Content-Type"].startswith("multipart/form-data")
+    assert call.body["content"] == "The full report"
+    assert call.body["attachments"] == [{"id": 0, "filename": "report.md", "title": "Report"}]
+    assert call.body["allowed_mentions"] == {"parse": []}
+    assert call.body["enforce_nonce"] is True and call.body["nonce"]
+    assert call.files == {"files[0]": ("report.md", data, "text/markdown")}
+    assert ref.message_id in discord.messages and ref.channel == thread
+
+
+async def test_upload_of_other_files_is_octet_stream_and_may_have_no_comment(discord: FakeDiscord,
+                                                                            messenger: DiscordMessenger) -> None:
+    await messenger.upload(channel_place(), FileUpload(filename="report.html", data=b"<p>hi</p>"))
+    [call] = discord.calls
+    assert call.body["content"] == "" and call.body["attachments"] == [{"id": 0, "filename": "report.html"}]
+    assert call.files["files[0]"] == ("report.html", b"<p>hi</p>", "application/octet-stream")
+
+
+async def test_token_never_appears_in_errors_or_logs(discord: FakeDiscord, http: httpx.AsyncClient, clock: FakeClock,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    messenger = DiscordMessenger(http, max_attempts=2, sleep=clock.sleep, clock=clock)
+    errors: list[MessengerError] = []
+    discord.answer_next("POST", status=403, body={"code": 50013, "message": "Missing Permissions"})
+    discord.rate_limit_next("POST", 1.0, times=2)
+    discord.answer_next("POST", status=500, times=2)
+    discord.answer_next("POST", error=httpx.ConnectError("connection refused"), times=2)
+    discord.answer_next("POST", status=401, body={"message": "401: Unauthorized", "code": 0})
+    for _ in range(5):
+        with pytest.raises(MessengerError) as raised:
+            await messenger.post(channel_place(), Content(text="secret question text"))
+        errors.append(raised.value)
+    assert [error.reason for error in errors] == ["50013: Missing Permissions", "rate_limited", "http_500",
+                                                  "connection_error", "0: 401: Unauthorized"]
+    assert "rate limit" in caplog.text
+    for error in errors:
+        assert TOKEN not in str(error) and TOKEN not in repr(error) and TOKEN not in repr(error.__cause__)
+    assert TOKEN not in caplog.text and "secret question text" not in caplog.text
+
+
+def test_build_discord_http_signs_with_the_bot_token_under_the_api_url() -> None:
+    client = build_discord_http(TOKEN, "https://discord.com/api/v10")
+    request = client.build_request("POST", "/channels/1/messages")
+    assert str(request.url) == "https://discord.com/api/v10/channels/1/messages"
+    assert request.headers["Authorization"] == f"Bot {TOKEN}"
+    assert request.headers["User-Agent"] == "DiscordBot (https://github.com/deepthread, 0.1)"
+    assert client.timeout.read is not None
