@@ -353,7 +353,7 @@ def discord_command(
     """Run the Discord bot: slash commands (synced to DISCORD_GUILD_IDS at start), threads, follow-ups, reactions."""
     import asyncio
 
-    from bot.discord.app import DiscordBot, message_content_allowed
+    from bot.discord.app import DiscordBot, discover
     from bot.discord.bundle import BUNDLE, TOKEN_SETTING, http
 
     settings = settings_or_exit()
@@ -368,10 +368,14 @@ def discord_command(
     async def serve() -> None:
         probe = http(settings)
         try:
-            message_content = await message_content_allowed(probe)
+            connection = await discover(probe)
+        except httpx.HTTPError as error:
+            typer.echo(f"Discord refused or did not answer at {settings.discord_api_url} ({error}); check "
+                       f"{TOKEN_SETTING} and DISCORD_API_URL (`deepthread doctor`).", err=True)
+            raise typer.Exit(code=1) from None
         finally:
             await probe.aclose()
-        bot = DiscordBot(settings, core, core.messenger, renderer=core.renderer, message_content=message_content)
+        bot = DiscordBot(settings, core, core.messenger, renderer=core.renderer, connection=connection)
         bot.sync_globally = sync
         await bot.run(token)
 

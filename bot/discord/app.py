@@ -11,13 +11,18 @@ attribute, so it is set process-wide), and its gateway URL comes from `GET /gate
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import discord
+import discord.gateway
+import discord.http
 import httpx
+import yarl
 from discord import app_commands
 
 from bot.conversation.events import ChatEvent, Outcome, Reply
@@ -69,16 +74,31 @@ class ConversationHandler(Protocol):
 PrivateSender = Callable[[str], Awaitable[None]]
 
 
-async def message_content_allowed(http: httpx.AsyncClient) -> bool:
-    """Whether the application may receive message content (its flags, from `GET /applications/@me`)."""
-    try:
-        response = await http.get("/applications/@me")
-        response.raise_for_status()
-        flags = int(response.json().get("flags") or 0)
-    except (httpx.HTTPError, ValueError):
-        logger.warning("could not read the application's flags; not asking for message content")
-        return False
-    return bool(flags & (GATEWAY_MESSAGE_CONTENT | GATEWAY_MESSAGE_CONTENT_LIMITED))
+@dataclass(frozen=True)
+class Connection:
+    """What the bot learns from DISCORD_API_URL before it connects: the gateway, and whether it may read messages."""
+
+    gateway_url: str
+    message_content: bool
+
+
+async def discover(http: httpx.AsyncClient) -> Connection:
+    """`GET /gateway/bot` (the gateway to dial) and `GET /applications/@me` (the message-content intent's flag);
+    raises httpx.HTTPError when Discord refuses the token or cannot be reached."""
+    gateway = await http.get("/gateway/bot")
+    gateway.raise_for_status()
+    application = await http.get("/applications/@me")
+    application.raise_for_status()
+    flags = int(application.json().get("flags") or 0)
+    return Connection(gateway_url=str(gateway.json()["url"]),
+                      message_content=bool(flags & (GATEWAY_MESSAGE_CONTENT | GATEWAY_MESSAGE_CONTENT_LIMITED)))
+
+
+def point_discord_py_at(api_url: str, gateway_url: str) -> None:
+    """discord.py's REST base and gateway, process-wide (it keeps both in class attributes; a plain Client
+    dials `DEFAULT_GATEWAY` without asking `/gateway/bot`)."""
+    discord.http.Route.BASE = api_url.rstrip("/")
+    discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = yarl.URL(gateway_url)
 
 
 def missing_permissions(permissions: discord.Permissions) -> list[str]:
@@ -97,18 +117,19 @@ class DiscordBot:
     """The running bot: a discord.Client with the three commands, and listeners handing events to the core."""
 
     def __init__(self, settings: Settings, core: ConversationHandler, messenger: Messenger, *,
-                 message_content: bool, renderer: PlatformRenderer | None = None) -> None:
-        discord.http.Route.BASE = settings.discord_api_url
+                 connection: Connection, renderer: PlatformRenderer | None = None, **client_options: Any) -> None:
+        point_discord_py_at(settings.discord_api_url, connection.gateway_url)
         self.settings = settings
         self.core = core
         self.messenger = messenger
         self.renderer = renderer or DiscordRenderer()
-        self.message_content = message_content
+        self.message_content = connection.message_content
         intents = discord.Intents.default()
-        intents.message_content = message_content
-        self.client = discord.Client(intents=intents, allowed_mentions=NO_MENTIONS)
+        intents.message_content = connection.message_content
+        self.client = discord.Client(intents=intents, allowed_mentions=NO_MENTIONS, **client_options)
         self.tree = app_commands.CommandTree(self.client)
         self.guild_ids = [int(guild) for guild in settings.discord_guild_ids]
+        self.ready = asyncio.Event()  # set once the gateway session is ready and the guilds are known
         self.sync_globally = False
         for name in COMMANDS:
             self.tree.add_command(self._command(name))
@@ -144,6 +165,7 @@ class DiscordBot:
             logger.warning(MESSAGE_CONTENT_OFF)
 
     async def on_ready(self) -> None:
+        self.ready.set()
         user = self.client.user
         logger.info("discord bot connected as %s in %d guilds", user.name if user else "?", len(self.client.guilds))
 

@@ -34,12 +34,13 @@ ROOT = Path(__file__).resolve().parents[2]
 class Cluster:
     """A database, a Redis, the fakes, and any number of `deepthread worker` processes sharing them."""
 
-    def __init__(self, *, database_url: str, redis_url: str, corpus: Corpus, slack: FakeSlack, workdir: Path,
+    def __init__(self, *, database_url: str, redis_url: str, corpus: Corpus, workdir: Path, slack: FakeSlack | None = None,
                  **settings: str) -> None:
+        slack_settings = {"SLACK_BOT_TOKEN": slack.token, "SLACK_API_URL": slack.api_url,
+                          "SLACK_SIGNING_SECRET": "test-secret"} if slack is not None else {}
         self.environment = {
             **os.environ, **corpus.environment(),
-            "DATABASE_URL": database_url, "REDIS_URL": redis_url,
-            "SLACK_BOT_TOKEN": slack.token, "SLACK_API_URL": slack.api_url, "SLACK_SIGNING_SECRET": "test-secret",
+            "DATABASE_URL": database_url, "REDIS_URL": redis_url, **slack_settings,
             "RESEARCH_MAX_ROUNDS": "1", "LOG_LEVEL": "WARNING",
             **{name.upper(): str(value) for name, value in settings.items()},
         }
@@ -88,6 +89,7 @@ class Cluster:
     def start_run(self, question: str, *, user: str = "U1", workspace: str = "T1", channel: str = "C1",
                   mode: str = "research", options: dict[str, Any] | None = None) -> tuple[int, int | None]:
         """What the bot does for `/research`: a root message, a status message in its thread, a Run, submit."""
+        assert self.slack is not None, "start_run speaks Slack: give the cluster a FakeSlack"
         messenger = SlackMessenger(build_slack_client(self.slack.token, self.slack.api_url))
 
         async def post() -> tuple[MessageRef, MessageRef]:

@@ -1,0 +1,311 @@
+"""The Discord bot end to end: the real discord.py client (gateway and REST) and the real conversation core in
+this process, a real worker process delivering through the REST messenger, the fake Discord on 127.0.0.1, real
+Redis, and the fake LLM, search provider and web corpus. Every Discord URL comes from DISCORD_API_URL."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import discord.gateway
+import discord.http
+import httpx
+import pytest
+import yarl
+from sqlalchemy import select
+
+from bot.cli import platform_core
+from bot.discord.app import DiscordBot, discover
+from bot.discord.bundle import BUNDLE as DISCORD
+from bot.discord.bundle import http as discord_http
+from chat.discord.render import CONTENT_LIMIT, paragraph_to_discord
+from chat.text import markdown_paragraphs
+from storage.models import Run
+from tests.fakes.corpus import QUESTION, Corpus
+from tests.fakes.discord_api import DiscordMessage, FakeDiscord, FakeUser
+from tests.fakes.llm import ChatRequest, citing_synthesis, default_research_model
+from tests.integration.workers import Cluster
+
+pytestmark = pytest.mark.integration
+
+LINK = re.compile(r"\]\((https?://[^)\s]+)\)")
+FINISHED = {"done", "failed", "cancelled", "timed_out"}
+# Nothing listens here: discord.py reaches the fake only if the bot points it there from DISCORD_API_URL.
+NOWHERE = "http://127.0.0.1:9"
+
+
+def links_in(text: str) -> set[str]:
+    return set(LINK.findall(text))
+
+
+class BotThread:
+    """The Discord bot (`deepthread discord` minus the CLI) on its own event loop in a thread."""
+
+    def __init__(self, settings: Any) -> None:
+        self.settings = settings
+        self.loop = asyncio.new_event_loop()
+        self.bot: DiscordBot | None = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name="discord-bot", daemon=True)
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_until_complete(self._serve())
+        except BaseException as error:  # surfaced by the test that waits on the bot
+            self.error = error
+
+    async def _serve(self) -> None:
+        core = platform_core(DISCORD, self.settings)
+        probe = discord_http(self.settings)
+        try:
+            connection = await discover(probe)
+        finally:
+            await probe.aclose()
+        self.bot = DiscordBot(self.settings, core, core.messenger, renderer=core.renderer, connection=connection,
+                              guild_ready_timeout=0.2)
+        await self.bot.run(self.settings.discord_bot_token.get_secret_value())
+
+    def start(self) -> "BotThread":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self.bot is not None and self.loop.is_running():
+            asyncio.run_coroutine_threadsafe(self.bot.close(), self.loop).result(timeout=15)
+        self._thread.join(timeout=15)
+
+
+@dataclass
+class DiscordWorld:
+    cluster: Cluster
+    fake: FakeDiscord
+    corpus: Corpus
+    asker: FakeUser
+    other: FakeUser
+
+    def runs(self) -> list[Run]:
+        with self.cluster.sessions() as session:
+            return list(session.scalars(select(Run).order_by(Run.id)))
+
+    def wait_for_runs(self, count: int, timeout: float = 30) -> list[Run]:
+        return self.wait(lambda: len(runs := self.runs()) >= count and runs, timeout, f"{count} runs")
+
+    def finished(self, run: Run, timeout: float = 60) -> Run:
+        return self.cluster.wait_for_state(run.id, FINISHED, timeout)
+
+    def command(self, name: str, question: str, user: FakeUser | None = None, **options: str) -> int:
+        return self.fake.send_command(user or self.asker, self.fake.channel_id, name, {"question": question, **options})
+
+    def thread_of(self, run: Run) -> int:
+        return int(run.status_message["thread"])
+
+    def thread_messages(self, run: Run) -> list[DiscordMessage]:
+        return self.fake.messages(self.thread_of(run))
+
+    def report_messages(self, run: Run, marker: str = "here is your report") -> list[DiscordMessage]:
+        """The messages of the report that starts with `marker`, in order (the thread holds others too)."""
+        messages = [message for message in self.thread_messages(run) if message.author.id == self.fake.bot.id]
+        starts = [index for index, message in enumerate(messages) if marker in message.content]
+        if not starts:
+            return []
+        following = messages[starts[-1]:]
+        ends = [index for index, message in enumerate(following) if message.components]
+        return following[:ends[0] + 1] if ends else following
+
+    def wait(self, predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+        try:
+            return self.cluster.wait_for(predicate, timeout, what)
+        except AssertionError as error:
+            calls = "\n".join(f"{call.method} {call.path} → {call.status}" for call in self.fake.calls())
+            raise AssertionError(f"{error}\n--- Discord calls\n{calls}") from None
+
+
+def discord_world(tmp_path: Path, redis_url: str, corpus: Corpus) -> Iterator[DiscordWorld]:
+    from storage.redis import connect
+
+    connect(redis_url).flushall()
+    saved = discord.http.Route.BASE, discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY
+    discord.http.Route.BASE, discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = NOWHERE, yarl.URL("ws://127.0.0.1:9/")
+    with FakeDiscord(message_content_intent_enabled=True) as fake:
+        cluster = Cluster(database_url=f"sqlite:///{tmp_path}/deepthread.db", redis_url=redis_url, corpus=corpus,
+                          workdir=tmp_path, discord_bot_token=fake.token, discord_api_url=fake.api_url,
+                          discord_guild_ids=str(fake.guild_id))
+        asker, other = fake.new_user("asker"), fake.new_user("other")
+        for user in (asker, other):
+            fake.add_member(user)
+        cluster.start_worker("w1")
+        bot = BotThread(cluster.settings).start()
+        try:
+            cluster.wait_for(lambda: bot.error or (bot.bot is not None and bot.bot.ready.is_set()), 20, "the bot's READY")
+            assert bot.error is None, bot.error
+            yield DiscordWorld(cluster, fake, corpus, asker, other)
+        finally:
+            bot.stop()
+            cluster.stop()
+            discord.http.Route.BASE, discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = saved
+
+
+@pytest.fixture
+def world(tmp_path: Path, redis_url: str) -> Iterator[DiscordWorld]:
+    with Corpus(llm_latency=0.3, page_latency=0.3) as corpus:
+        yield from discord_world(tmp_path, redis_url, corpus)
+
+
+def pinging_synthesis(role_id: int, other: Callable[[], int]) -> Callable[[ChatRequest], Any]:
+    def handler(request: ChatRequest) -> Any:
+        if request.schema_name is None and "untrusted_source" in request.text:
+            return citing_synthesis(request) + (f"\n\nAttention @everyone and @here and <@&{role_id}> "
+                                                f"and <@{other()}>.")
+        return default_research_model(request)
+    return handler
+
+
+def test_research_command_end_to_end(tmp_path: Path, redis_url: str) -> None:
+    """Deferred within 3 s; one status message in the channel edited through the phases (a 429 on an edit ridden
+    out); a thread from it; the report there with working links, pinging the requester once and nobody else;
+    then a follow-up in the thread answered from the stored passages without any search."""
+    other_id: list[int] = []
+    # Fakes slowed so each phase outlasts the status message's one-edit-a-second coalescing.
+    with Corpus(llm_latency=1.2, search_latency=1.2, page_latency=1.2,
+                llm_handler=pinging_synthesis(4242, lambda: other_id[0])) as corpus:
+        for world in discord_world(tmp_path, redis_url, corpus):
+            fake = world.fake
+            other_id.append(world.other.id)
+            fake.fail_next("PATCH", r"^/channels/\d+/messages/\d+$", status=429, retry_after=1.0)
+            interaction = world.command("research", QUESTION)
+            [deferral, *_] = fake.wait_for(lambda: fake.interaction_responses(interaction))
+            assert deferral.type == 5 and deferral.ephemeral and deferral.after < 3.0
+
+            run = world.finished(world.wait_for_runs(1)[0])
+            assert run.state == "done", run.error
+            status_channel, status_id = int(run.status_message["channel"]), int(run.status_message["message_id"])
+            thread = world.thread_of(run)
+            assert status_channel == fake.channel_id and thread == status_id, "the thread starts from the status message"
+            assert fake.channel(thread).parent_id == fake.channel_id
+            pointer = fake.wait_for(lambda: [message for message in fake.followups(interaction)
+                                             if f"<#{thread}>" in message.content])
+            assert pointer[0].ephemeral
+
+            report = world.wait(lambda: world.report_messages(run), 20, "the report in the thread")
+            edits = world.wait(lambda: (edits := fake.edits(status_channel, status_id)) and
+                               "✅ **Done**" in edits[-1].content and edits, 20, "the final status")
+            phases = {match.group(1) for edit in edits if (match := re.search(r"⏳ \*\*([^*\n]+)\*\*", edit.content))}
+            assert len(phases) >= 3, phases
+            [limited] = [call for call in fake.calls("PATCH") if call.status == 429]
+            retried = next(call for call in fake.calls("PATCH") if call.path == limited.path and call.at > limited.at)
+            assert retried.status == 200 and retried.json == limited.json, "the same edit, sent again"
+            assert retried.at - limited.at >= 1.0, "after the retry_after Discord asked for"
+            assert len([message for message in world.thread_messages(run) if "here is your report" in message.content]) == 1
+
+            text = "\n".join(message.content for message in report)
+            assert "@everyone" in text, "the model's @everyone is shown"
+            pinged = [(message.id, user.id) for channel in (fake.channel_id, thread)
+                      for message in fake.messages(channel) for user in message.mentions]
+            assert pinged == [(report[0].id, world.asker.id)], "only the report's first message pings, only the requester"
+            assert not any(message.mention_everyone or message.mention_roles
+                           for channel in (fake.channel_id, thread) for message in fake.messages(channel))
+            for call in fake.message_calls():
+                if "/callback" in call.path and not (call.json or {}).get("data", {}).get("content"):
+                    continue  # a deferral says nothing
+                assert call.allowed_mentions is not None and call.allowed_mentions.get("parse") == [], call.path
+                assert set(call.allowed_mentions.get("users", [])) <= {str(world.asker.id)}, call.path
+
+            links = links_in(text)
+            assert links and all(world.corpus.page_for(url) for url in links)
+            for url in links:
+                host_and_port, path = url.split("//", 1)[1].split("/", 1)
+                host, port = host_and_port.split(":")
+                assert httpx.get(f"http://127.0.0.1:{port}/{path}", headers={"Host": host}).status_code == 200
+
+            searches, pages = len(world.corpus.search.requests("brave")), len(world.corpus.web.requests)
+            fake.user_message(world.asker, thread, "How much energy did the array deliver?")
+            follow_up = world.finished(world.wait_for_runs(2)[1])
+            assert follow_up.mode == "followup" and follow_up.state == "done", follow_up.error
+            answer = world.wait(lambda: world.report_messages(follow_up, "on “How much energy"), 20, "the answer")
+            cited = links_in("\n".join(message.content for message in answer))
+            assert cited and cited <= {source["url"] for source in run.report_json["sources"]}
+            assert len(world.corpus.search.requests("brave")) == searches
+            assert len(world.corpus.web.requests) == pages
+
+
+def test_plan_then_go_runs_research_with_the_plan_s_sub_questions(world: DiscordWorld) -> None:
+    world.command("plan", QUESTION)
+    plan_run = world.finished(world.wait_for_runs(1)[0], 30)
+    assert plan_run.state == "done", plan_run.error
+    world.wait(lambda: world.report_messages(plan_run, "research plan"), 20, "the plan in the thread")
+    key_questions = plan_run.report_json["plan"]["key_questions"]
+    world.fake.user_message(world.asker, world.thread_of(plan_run), "go")
+    research_run = world.finished(world.wait_for_runs(2)[1])
+    assert research_run.mode == "research" and research_run.state == "done", research_run.error
+    assert research_run.plan["key_questions"] == key_questions
+    assert research_run.status_message["thread"] == plan_run.status_message["thread"], "the run lives in the plan's thread"
+    requests = list(world.corpus.llm.chat_requests)
+    assert not [request for request in requests if request.schema_name == "decomposition"]
+    synthesis = [request for request in requests if request.schema_name is None and "untrusted_source" in request.text]
+    for question in key_questions:
+        assert f"- {question}" in synthesis[-1].text
+
+
+def test_cancel_reaction_works_for_the_requester_only(tmp_path: Path, redis_url: str) -> None:
+    with Corpus(page_latency=6.0) as corpus:
+        for world in discord_world(tmp_path, redis_url, corpus):
+            fake = world.fake
+            world.command("research", QUESTION)
+            run = world.cluster.wait_for_state(world.wait_for_runs(1)[0].id, {"running"}, 30)
+            channel, status_id = int(run.status_message["channel"]), int(run.status_message["message_id"])
+            fake.add_reaction(world.other, channel, status_id, "❌")
+            refusal = world.wait(lambda: [message for dm in [fake.create_dm(world.other)]
+                                          for message in fake.messages(dm) if "Only the person" in message.content],
+                                 10, "the private refusal")
+            assert f"<@{world.asker.id}>" in refusal[0].content and not refusal[0].mentions
+            assert world.cluster.run(run.id).state == "running"
+            fake.add_reaction(world.asker, channel, status_id, "❌")
+            stopped = world.cluster.wait_for_state(run.id, {"cancelled", "done", "failed"}, 10)
+            assert stopped.state == "cancelled" and stopped.cancelled_by == f"discord:{world.asker.id}"
+            world.wait(lambda: "🛑 **Stopped**" in fake.message(channel, status_id).content, 20, "the stopped status")
+
+
+def test_the_stop_button_stops_the_run_for_the_requester(tmp_path: Path, redis_url: str) -> None:
+    with Corpus(page_latency=6.0) as corpus:
+        for world in discord_world(tmp_path, redis_url, corpus):
+            fake = world.fake
+            world.command("research", QUESTION)
+            run = world.cluster.wait_for_state(world.wait_for_runs(1)[0].id, {"running"}, 30)
+            channel, status_id = int(run.status_message["channel"]), int(run.status_message["message_id"])
+            click = fake.click_button(world.asker, channel, status_id, "deepthread:cancel")
+            [answer, *_] = fake.wait_for(lambda: fake.interaction_responses(click))
+            assert answer.type == 6 and answer.after < 3.0
+            stopped = world.cluster.wait_for_state(run.id, {"cancelled", "done", "failed"}, 10)
+            assert stopped.state == "cancelled" and stopped.cancelled_by == f"discord:{world.asker.id}"
+
+
+def test_a_20000_character_report_arrives_complete_within_discord_s_limits(tmp_path: Path, redis_url: str) -> None:
+    paragraphs = [f"Paragraph {index} says the Zorblax array is steady and predictable. " * 6 for index in range(55)]
+
+    def long_report(request: ChatRequest) -> Any:
+        if request.schema_name is None and "untrusted_source" in request.text:
+            return citing_synthesis(request) + "\n\n" + "\n\n".join(paragraphs)
+        return default_research_model(request)
+
+    assert len("\n\n".join(paragraphs)) >= 20_000
+    with Corpus(llm_handler=long_report) as corpus:
+        for world in discord_world(tmp_path, redis_url, corpus):
+            world.command("research", QUESTION)
+            run = world.finished(world.wait_for_runs(1)[0])
+            assert run.state == "done", run.error
+            report = world.wait(lambda: (messages := world.report_messages(run)) and messages[-1].components
+                                and messages, 30, "the whole report")
+            body = run.report_json["body_markdown"]
+            assert len(body) >= 20_000 and len(report) > 10
+            assert all(len(message.content) <= CONTENT_LIMIT for message in report)
+            delivered = "\n\n".join(message.content for message in report)
+            expected = "\n\n".join(paragraph_to_discord(paragraph) for paragraph in markdown_paragraphs(body))
+            assert re.sub(r"\s+", "", expected) in re.sub(r"\s+", "", delivered), "the whole stored report, in order"
+            assert not [call for call in world.fake.message_calls() if call.status == 400]
