@@ -54,6 +54,11 @@ def platform_bundles() -> list[PlatformBundle]:
     return [SLACK, DISCORD, CONSOLE]
 
 
+def configured_adapters(settings: Settings) -> list[str]:
+    """The `deepthread` commands of the platform adapters whose settings are present (what `up` starts)."""
+    return [bundle.adapter_command for bundle in platform_bundles() if bundle.adapter_command and bundle.configured(settings)]
+
+
 def platform_core(bundle: PlatformBundle, settings: Settings,
                   sessions: sessionmaker[Session] | None = None) -> ConversationCore:
     """The conversation core speaking through `bundle`'s messenger and renderer (on DATABASE_URL without `sessions`)."""
@@ -281,15 +286,14 @@ def up() -> None:
     _require_llm(settings)
     _database(settings)
     command = [sys.executable, "-m", "bot.cli"]
-    bundles = [bundle for bundle in platform_bundles() if bundle.adapter_command]
-    adapters = [bundle.adapter_command for bundle in bundles if bundle.configured(settings)]
+    adapters = configured_adapters(settings)
     children: list[subprocess.Popen[bytes]] = [subprocess.Popen([*command, "worker"])]
     children.extend(subprocess.Popen([*command, adapter]) for adapter in adapters)
     try:
         if not adapters and sys.stdin.isatty():
             chat()
         elif not adapters:
-            tokens = " or ".join(bundle.missing_setting for bundle in bundles)
+            tokens = " or ".join(bundle.missing_setting for bundle in platform_bundles() if bundle.adapter_command)
             typer.echo(f"No platform is configured ({tokens}) and no terminal is attached: running the "
                        "worker only. Use `deepthread research \"question\"` or `deepthread chat`.", err=True)
             children[0].wait()

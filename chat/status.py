@@ -5,7 +5,8 @@ renderer supplies its `Markup` (how to make bold text, escape untrusted text, me
 from __future__ import annotations
 
 import datetime as dt
-from typing import Protocol
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from chat.state import RunProgress
 from chat.text import shortened, single_line
@@ -20,20 +21,14 @@ SEPARATOR = " · "
 VERBS = {"plan": "Planning", "chat": "Answering", "followup": "Answering"}
 
 
-class Markup(Protocol):
-    """One platform's inline markup."""
+@dataclass(frozen=True)
+class Markup:
+    """One platform's inline markup: how untrusted text is made inert (it can neither ping, link nor format),
+    how escaped text is made bold, and how a platform-qualified user id (`slack:U123`) is mentioned."""
 
-    def escape(self, text: str) -> str:
-        """Untrusted text made inert (it can neither ping, link nor format)."""
-        ...
-
-    def bold(self, escaped: str) -> str:
-        """Already escaped text in bold."""
-        ...
-
-    def mention(self, user: str) -> str:
-        """A mention of a platform-qualified user id (`slack:U123`, `discord:42`)."""
-        ...
+    escape: Callable[[str], str]
+    bold: Callable[[str], str]
+    mention: Callable[[str], str]
 
 
 def progress_bar(percent: float, cells: int = PROGRESS_BAR_CELLS) -> str:

@@ -23,7 +23,7 @@ from typing import Any
 from chat.message import Content, FileUpload
 from chat.render import ReportDelivery, with_person
 from chat.state import RunProgress
-from chat.status import ending, headline, is_unfinished, measures_line, phase_checklist
+from chat.status import Markup, ending, headline, is_unfinished, measures_line, phase_checklist
 from chat.text import (
     FENCE,
     footer_lines,
@@ -78,21 +78,7 @@ def user_mention(user: str) -> str:
     return f"<@{bare}>" if _DISCORD_USER_ID.match(bare) else escape_text(user)
 
 
-class DiscordMarkup:
-    """Discord Markdown for the shared status wording."""
-
-    escape = staticmethod(escape_text)
-
-    @staticmethod
-    def bold(escaped: str) -> str:
-        return f"**{escaped}**"
-
-    @staticmethod
-    def mention(user: str) -> str:
-        return user_mention(user)
-
-
-MARKUP = DiscordMarkup()
+MARKUP = Markup(escape=escape_text, bold=lambda escaped: f"**{escaped}**", mention=user_mention)
 
 
 def no_pings(*users: str) -> dict[str, Any]:
@@ -170,7 +156,8 @@ def paragraph_pieces(paragraph: str, limit: int = CONTENT_LIMIT) -> list[str]:
         return [converted]
     if FENCE.match(paragraph):
         return _split_code_block(paragraph, limit)
-    return split_source(paragraph, paragraph_to_discord, limit)
+    # The conversion works line by line and escapes nothing, so the converted text can be split as it is.
+    return split_source(converted, unchanged, limit)
 
 
 def source_line(source: ReportSource) -> str:

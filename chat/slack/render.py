@@ -27,7 +27,7 @@ from typing import Any
 from chat.message import Content, FileUpload
 from chat.render import ReportDelivery, with_person
 from chat.state import RunProgress
-from chat.status import ending, headline, is_unfinished, measures_line, phase_checklist
+from chat.status import Markup, ending, headline, is_unfinished, measures_line, phase_checklist
 from chat.text import (
     FENCE,
     Convert,
@@ -98,21 +98,7 @@ def _split(source: str, convert: Convert, limit: int, separators: tuple[str, ...
     return split_source(source, convert, limit, separators, measure=_escaped_length)
 
 
-class SlackMarkup:
-    """Slack mrkdwn for the shared status wording."""
-
-    escape = staticmethod(escape_text)
-
-    @staticmethod
-    def bold(escaped: str) -> str:
-        return f"*{escaped}*"
-
-    @staticmethod
-    def mention(user: str) -> str:
-        return user_mention(user)
-
-
-MARKUP = SlackMarkup()
+MARKUP = Markup(escape=escape_text, bold=lambda escaped: f"*{escaped}*", mention=user_mention)
 
 
 # --- Markdown to Slack mrkdwn ----------------------------------------------------------------------

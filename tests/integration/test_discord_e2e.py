@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,8 +46,9 @@ def links_in(text: str) -> set[str]:
 class BotThread:
     """The Discord bot (`deepthread discord` minus the CLI) on its own event loop in a thread."""
 
-    def __init__(self, settings: Any) -> None:
+    def __init__(self, settings: Any, *, sync_globally: bool = False) -> None:
         self.settings = settings
+        self.sync_globally = sync_globally
         self.loop = asyncio.new_event_loop()
         self.bot: DiscordBot | None = None
         self.error: BaseException | None = None
@@ -70,6 +70,7 @@ class BotThread:
             await probe.aclose()
         self.bot = DiscordBot(self.settings, core, core.messenger, renderer=core.renderer, connection=connection,
                               guild_ready_timeout=0.2)
+        self.bot.sync_globally = self.sync_globally
         await self.bot.run(self.settings.discord_bot_token.get_secret_value())
 
     def start(self) -> "BotThread":
@@ -103,6 +104,12 @@ class DiscordWorld:
     def command(self, name: str, question: str, user: FakeUser | None = None, **options: str) -> int:
         return self.fake.send_command(user or self.asker, self.fake.channel_id, name, {"question": question, **options})
 
+    def running_research(self) -> tuple[Run, int, int]:
+        """Start `/research` and wait until it runs: the run, and its status message's channel and id."""
+        self.command("research", QUESTION)
+        run = self.cluster.wait_for_state(self.wait_for_runs(1)[0].id, {"running"}, 30)
+        return run, int(run.status_message["channel"]), int(run.status_message["message_id"])
+
     def thread_of(self, run: Run) -> int:
         return int(run.status_message["thread"])
 
@@ -127,13 +134,14 @@ class DiscordWorld:
             raise AssertionError(f"{error}\n--- Discord calls\n{calls}") from None
 
 
-def discord_world(tmp_path: Path, redis_url: str, corpus: Corpus) -> Iterator[DiscordWorld]:
+def discord_world(tmp_path: Path, redis_url: str, corpus: Corpus, *, message_content: bool = True,
+                  sync_globally: bool = False) -> Iterator[DiscordWorld]:
     from storage.redis import connect
 
     connect(redis_url).flushall()
     saved = discord.http.Route.BASE, discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY
     discord.http.Route.BASE, discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = NOWHERE, yarl.URL("ws://127.0.0.1:9/")
-    with FakeDiscord(message_content_intent_enabled=True) as fake:
+    with FakeDiscord(message_content_intent_enabled=message_content) as fake:
         cluster = Cluster(database_url=f"sqlite:///{tmp_path}/deepthread.db", redis_url=redis_url, corpus=corpus,
                           workdir=tmp_path, discord_bot_token=fake.token, discord_api_url=fake.api_url,
                           discord_guild_ids=str(fake.guild_id))
@@ -141,7 +149,7 @@ def discord_world(tmp_path: Path, redis_url: str, corpus: Corpus) -> Iterator[Di
         for user in (asker, other):
             fake.add_member(user)
         cluster.start_worker("w1")
-        bot = BotThread(cluster.settings).start()
+        bot = BotThread(cluster.settings, sync_globally=sync_globally).start()
         try:
             cluster.wait_for(lambda: bot.error or (bot.bot is not None and bot.bot.ready.is_set()), 20, "the bot's READY")
             assert bot.error is None, bot.error
@@ -233,6 +241,7 @@ def test_research_command_end_to_end(tmp_path: Path, redis_url: str) -> None:
             assert cited and cited <= {source["url"] for source in run.report_json["sources"]}
             assert len(world.corpus.search.requests("brave")) == searches
             assert len(world.corpus.web.requests) == pages
+            assert {sync.guild_id for sync in fake.synced_commands} == {fake.guild_id}, "no global sync unless asked"
 
 
 def test_plan_then_go_runs_research_with_the_plan_s_sub_questions(world: DiscordWorld) -> None:
@@ -257,9 +266,7 @@ def test_cancel_reaction_works_for_the_requester_only(tmp_path: Path, redis_url:
     with Corpus(page_latency=6.0) as corpus:
         for world in discord_world(tmp_path, redis_url, corpus):
             fake = world.fake
-            world.command("research", QUESTION)
-            run = world.cluster.wait_for_state(world.wait_for_runs(1)[0].id, {"running"}, 30)
-            channel, status_id = int(run.status_message["channel"]), int(run.status_message["message_id"])
+            run, channel, status_id = world.running_research()
             fake.add_reaction(world.other, channel, status_id, "❌")
             refusal = world.wait(lambda: [message for dm in [fake.create_dm(world.other)]
                                           for message in fake.messages(dm) if "Only the person" in message.content],
@@ -276,9 +283,7 @@ def test_the_stop_button_stops_the_run_for_the_requester(tmp_path: Path, redis_u
     with Corpus(page_latency=6.0) as corpus:
         for world in discord_world(tmp_path, redis_url, corpus):
             fake = world.fake
-            world.command("research", QUESTION)
-            run = world.cluster.wait_for_state(world.wait_for_runs(1)[0].id, {"running"}, 30)
-            channel, status_id = int(run.status_message["channel"]), int(run.status_message["message_id"])
+            run, channel, status_id = world.running_research()
             click = fake.click_button(world.asker, channel, status_id, "deepthread:cancel")
             [answer, *_] = fake.wait_for(lambda: fake.interaction_responses(click))
             assert answer.type == 6 and answer.after < 3.0
@@ -309,3 +314,29 @@ def test_a_20000_character_report_arrives_complete_within_discord_s_limits(tmp_p
             expected = "\n\n".join(paragraph_to_discord(paragraph) for paragraph in markdown_paragraphs(body))
             assert re.sub(r"\s+", "", expected) in re.sub(r"\s+", "", delivered), "the whole stored report, in order"
             assert not [call for call in world.fake.message_calls() if call.status == 400]
+
+
+def test_without_the_message_content_intent_the_bot_connects_says_so_and_answers_mentions(
+        tmp_path: Path, redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="bot.discord.app"), Corpus() as corpus:
+        for world in discord_world(tmp_path, redis_url, corpus, message_content=False):
+            fake = world.fake
+            assert not fake.identify_payloads[-1]["intents"] & (1 << 15), "the intent is not asked for"
+            assert caplog.text.count("Message Content Intent") == 1
+            world.command("ask", "What is a tidal turbine?")
+            first = world.finished(world.wait_for_runs(1)[0], 30)
+            assert first.state == "done", first.error
+            thread = world.thread_of(first)
+            fake.user_message(world.asker, thread, "and how big are they?")  # its text never reaches the bot
+            fake.user_message(world.asker, thread, f"<@{fake.bot.id}> and how big are they?", mentions=[fake.bot])
+            second = world.finished(world.wait_for_runs(2)[1], 30)
+            assert second.question == "and how big are they?" and second.state == "done", second.error
+            assert len(world.runs()) == 2, "the reply without a mention (its text withheld) started nothing"
+
+
+def test_commands_sync_globally_only_when_asked(tmp_path: Path, redis_url: str) -> None:
+    with Corpus() as corpus:
+        for world in discord_world(tmp_path, redis_url, corpus, sync_globally=True):
+            scopes = {sync.guild_id for sync in world.fake.synced_commands}
+            assert scopes == {world.fake.guild_id, None}
+            assert {command["name"] for command in world.fake.commands()} == {"research", "plan", "ask"}

@@ -16,6 +16,7 @@ import pytest
 
 from chat.discord.messenger import DIRECT_MESSAGES, TEXT_LIMIT, DiscordMessenger, build_discord_http
 from chat.message import Content, FileUpload, MessageRef, MessengerError, Place
+from tests.fakes.clock import FakeClock
 
 TOKEN = "MTE5.fake-bot-token.do-not-leak"
 API_URL = "https://discord.test/api/v10"
@@ -27,20 +28,6 @@ MESSAGES_PATH = re.compile(r"^/api/v10/channels/(\d+)/messages$")
 MESSAGE_PATH = re.compile(r"^/api/v10/channels/(\d+)/messages/(\d+)$")
 THREADS_PATH = re.compile(r"^/api/v10/channels/(\d+)/messages/(\d+)/threads$")
 
-
-class FakeClock:
-    """A monotonic clock that only moves when the code under test sleeps."""
-
-    def __init__(self) -> None:
-        self.now = 1_000.0
-        self.sleeps: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
 
 
 @dataclass

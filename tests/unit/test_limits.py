@@ -7,24 +7,8 @@ import asyncio
 import pytest
 
 from research.limits import CircuitBreaker, InMemoryCircuitBreaker, InMemoryRateLimiter, RateLimiter
+from tests.fakes.clock import FakeClock
 
-
-class FakeClock:
-    """A clock that moves only when slept on or advanced."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-        self.sleeps: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from bot.cli import app, platform_bundles
+from bot.cli import app, configured_adapters, platform_bundles
 from config import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,6 +84,14 @@ def test_the_workers_slack_renderer_gets_the_configured_cancel_emoji() -> None:
     settings = load_settings(slack_bot_token="xoxb-1", cancel_emoji="stop_sign,🛑")
     slack = next(bundle for bundle in platform_bundles() if bundle.name == "slack").outbound(settings)
     assert slack is not None and slack.renderer.cancel_emoji == "stop_sign"
+
+
+@pytest.mark.parametrize(("tokens", "adapters"), [
+    ({}, []), ({"slack_bot_token": "xoxb-1"}, ["slack"]), ({"discord_bot_token": "d-1"}, ["discord"]),
+    ({"slack_bot_token": "xoxb-1", "discord_bot_token": "d-1"}, ["slack", "discord"])])
+def test_up_starts_the_adapter_of_every_configured_platform(tokens: dict[str, str], adapters: list[str]) -> None:
+    settings = load_settings(**{"slack_bot_token": "", "discord_bot_token": "", **tokens})
+    assert configured_adapters(settings) == adapters
 
 
 def test_every_adapter_has_a_command_of_its_name() -> None:
