@@ -340,3 +340,20 @@ def test_commands_sync_globally_only_when_asked(tmp_path: Path, redis_url: str) 
             scopes = {sync.guild_id for sync in world.fake.synced_commands}
             assert scopes == {world.fake.guild_id, None}
             assert {command["name"] for command in world.fake.commands()} == {"research", "plan", "ask"}
+
+
+def test_in_a_direct_message_the_conversation_is_the_dm_itself(tmp_path: Path, redis_url: str) -> None:
+    with Corpus() as corpus:
+        for world in discord_world(tmp_path, redis_url, corpus):
+            fake = world.fake
+            dm = fake.create_dm(world.asker)
+            fake.send_command(world.asker, dm, "ask", {"question": "What is a tidal turbine?"})
+            first = world.finished(world.wait_for_runs(1)[0], 30)
+            assert first.state == "done", first.error
+            assert first.status_message["channel"] == first.status_message["thread"] == str(dm)
+            assert not fake.threads(), "no thread is started in a direct message"
+            world.wait(lambda: [message for message in fake.messages(dm) if "on “What is a tidal turbine?”" in message.content],
+                       20, "the answer in the DM")
+            fake.user_message(world.asker, dm, "and how big are they?")
+            second = world.finished(world.wait_for_runs(2)[1], 30)
+            assert second.state == "done" and second.status_message["thread"] == str(dm), second.error
