@@ -27,10 +27,10 @@ class MessageRef(BaseModel):
 
 
 class Content(BaseModel):
-    """One message as a platform renderer made it: plain text (always), plus the platform's rich payload."""
+    """One message as a platform renderer made it: plain text (always), plus the platform's own payload in
+    `extra` under the platform's name (Slack's blocks, Discord's components and allowed mentions)."""
 
     text: str
-    blocks: list[dict[str, Any]] | None = None
     extra: dict[str, Any] = Field(default_factory=dict)
 
 

@@ -26,6 +26,7 @@ from slack_sdk.http_retry.builtin_async_handlers import AsyncConnectionErrorRetr
 from slack_sdk.web.async_client import AsyncWebClient
 
 from chat.message import Content, FileUpload, MessageRef, MessengerError, OpenedThread, Place, open_thread_under_title
+from chat.slack.render import blocks_of
 from chat.text import split_text
 
 logger = logging.getLogger(__name__)
@@ -95,9 +96,10 @@ class SlackMessenger:
 
     async def post(self, place: Place, content: Content) -> MessageRef:
         """Post `content` in `place` (its thread if set); raises MessengerError when Slack refuses even plain text."""
-        if content.blocks:
+        blocks = blocks_of(content)
+        if blocks:
             try:
-                return await self._post_message(place, content.text, content.blocks)
+                return await self._post_message(place, content.text, blocks)
             except MessengerError as error:
                 if error.reason not in RICH_LAYOUT_ERRORS:
                     raise
@@ -106,9 +108,10 @@ class SlackMessenger:
 
     async def edit(self, ref: MessageRef, content: Content) -> None:
         """Replace the message at `ref` with `content`; raises MessengerError when Slack refuses even plain text."""
-        if content.blocks:
+        blocks = blocks_of(content)
+        if blocks:
             try:
-                await self._update(ref, content.text, content.blocks)
+                await self._update(ref, content.text, blocks)
                 return
             except MessengerError as error:
                 if error.reason not in RICH_LAYOUT_ERRORS:

@@ -89,6 +89,19 @@ def user_mention(user_id: str) -> str:
     return f"<@{bare}>" if _SLACK_USER_ID.match(bare) else escape_text(user_id)
 
 
+KEY = "slack"
+
+
+def slack_content(text: str, blocks: list[dict[str, Any]] | None) -> Content:
+    """A Slack message: `text` (the notification and plain-text fallback) and its Block Kit `blocks`."""
+    return Content(text=text, extra={KEY: {"blocks": blocks}} if blocks is not None else {})
+
+
+def blocks_of(content: Content) -> list[dict[str, Any]] | None:
+    """The Block Kit blocks of a Slack message, or None for plain text."""
+    return (content.extra.get(KEY) or {}).get("blocks")
+
+
 def _escaped_length(text: str) -> int:
     return len(escape_text(text))
 
@@ -269,16 +282,17 @@ def with_export_button(delivery: ReportDelivery, run_id: int) -> ReportDelivery:
     """`delivery` with the export button under its last message (in a message of its own when that one is full)."""
     messages = list(delivery.messages)
     last = messages[-1]
-    if last.blocks is not None and len(last.blocks) < BLOCKS_PER_MESSAGE:
-        messages[-1] = last.model_copy(update={"blocks": [*last.blocks, export_buttons(run_id)]})
+    last_blocks = blocks_of(last)
+    if last_blocks is not None and len(last_blocks) < BLOCKS_PER_MESSAGE:
+        messages[-1] = slack_content(last.text, [*last_blocks, export_buttons(run_id)])
     else:
         text = "Export this report as Markdown:"
-        messages.append(Content(text=text, blocks=[section_block(text), export_buttons(run_id)]))
+        messages.append(slack_content(text, [section_block(text), export_buttons(run_id)]))
     return delivery.model_copy(update={"messages": messages})
 
 
 def _content_from_sections(sections: list[str]) -> Content:
-    return Content(text="\n\n".join(sections), blocks=[section_block(section) for section in sections])
+    return slack_content("\n\n".join(sections), [section_block(section) for section in sections])
 
 
 def pack_messages(sections: list[str], *, first_message_blocks: int = 0) -> list[list[str]]:
@@ -377,7 +391,7 @@ class SlackRenderer:
         if buttons is not None:
             blocks.append(buttons)
         text = "\n\n".join(part for part in (top, checklist if progress.state != "queued" else "", measures, last) if part)
-        return Content(text=text, blocks=blocks)
+        return slack_content(text, blocks)
 
     def report(self, report: Report, *, requester: str, run_id: int | None = None) -> ReportDelivery:
         """The report's messages, the first mentioning the requester, the last with an export button when `run_id`
@@ -391,14 +405,14 @@ class SlackRenderer:
             markdown = report_slack_markdown(report)
             if len(markdown) <= MARKDOWN_BLOCK_LIMIT and not _has_code_with_control_characters(report.body_markdown):
                 fallback = "\n\n".join([greeting, *report_mrkdwn_paragraphs(report)])
-                return ReportDelivery(messages=[Content(text=fallback, blocks=[section_block(greeting), markdown_block(markdown)])])
+                return ReportDelivery(messages=[slack_content(fallback, [section_block(greeting), markdown_block(markdown)])])
         sections = pack_sections(report_mrkdwn_paragraphs(report))
         grouped = pack_messages(sections, first_message_blocks=1)
         if len(grouped) > self.max_messages:
             return self._as_file(report, greeting)
         messages = [_content_from_sections(group) for group in grouped]
         first = messages[0]
-        messages[0] = Content(text=f"{greeting}\n\n{first.text}", blocks=[section_block(greeting), *(first.blocks or [])])
+        messages[0] = slack_content(f"{greeting}\n\n{first.text}", [section_block(greeting), *(blocks_of(first) or [])])
         return ReportDelivery(messages=messages)
 
     def notice(self, text: str) -> Content:
@@ -407,7 +421,7 @@ class SlackRenderer:
         sections = _split(text, escape_text, SECTION_TEXT_LIMIT)
         # Too many sections for one message: the plain text carries it whole rather than cutting blocks off.
         blocks = [section_block(section) for section in sections] if len(sections) <= BLOCKS_PER_MESSAGE else None
-        return Content(text=escaped, blocks=blocks)
+        return slack_content(escaped, blocks)
 
     def reply(self, text: str, *, person: str | None = None) -> Content:
         """A core reply as mrkdwn: its `**bold**` and code converted, `& < >` escaped so nothing quoted can ping."""
@@ -435,5 +449,5 @@ class SlackRenderer:
                                   for piece in _split(line, unchanged, SECTION_TEXT_LIMIT)])
         upload = FileUpload(filename=REPORT_FILENAME, data=render_markdown(report).encode("utf-8"),
                             title=shortened(single_line(title), 200).replace("<", "‹").replace(">", "›"))
-        return ReportDelivery(messages=[Content(text=summary, blocks=[section_block(section) for section in sections])],
+        return ReportDelivery(messages=[slack_content(summary, [section_block(section) for section in sections])],
                               file=upload)

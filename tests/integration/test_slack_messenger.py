@@ -9,7 +9,7 @@ import pytest
 
 from chat.message import Content, FileUpload, MessengerError, Place
 from chat.slack.messenger import PLAIN_TEXT_LIMIT, SlackMessenger, build_slack_client
-from chat.slack.render import SlackRenderer, section_block
+from chat.slack.render import SlackRenderer, section_block, slack_content
 from research.report import Report, ReportSource, render_markdown
 from tests.fakes.slack_api import FakeSlack
 
@@ -35,7 +35,7 @@ def channel_place(thread: str | None = None) -> Place:
 
 
 def rich(text: str) -> Content:
-    return Content(text=text, blocks=[section_block(text)])
+    return slack_content(text, [section_block(text)])
 
 
 async def test_post_threads_the_message_and_turns_unfurling_and_name_linking_off(slack: FakeSlack,
@@ -111,7 +111,7 @@ async def test_rate_limit_outlasting_the_retries_raises_a_retryable_error(slack:
 
 async def test_rejected_blocks_are_posted_again_as_plain_text(slack: FakeSlack, messenger: SlackMessenger) -> None:
     slack.error_next("chat.postMessage", "invalid_blocks", when=lambda params: bool(params.get("blocks")))
-    ref = await messenger.post(channel_place(), Content(text="*fallback* text", blocks=[section_block("*rich* text")]))
+    ref = await messenger.post(channel_place(), slack_content("*fallback* text", [section_block("*rich* text")]))
     calls = slack.calls("chat.postMessage")
     assert [call.error for call in calls] == ["invalid_blocks", None]
     assert "blocks" not in calls[1].params
@@ -122,7 +122,7 @@ async def test_rejected_blocks_are_posted_again_as_plain_text(slack: FakeSlack, 
 async def test_a_section_over_slacks_limit_is_refused_and_the_text_still_arrives(slack: FakeSlack,
                                                                                 messenger: SlackMessenger) -> None:
     too_long = "x" * 3_500
-    await messenger.post(channel_place(), Content(text=too_long, blocks=[section_block(too_long)]))
+    await messenger.post(channel_place(), slack_content(too_long, [section_block(too_long)]))
     assert slack.calls("chat.postMessage")[0].error == "invalid_blocks"
     assert [message.text for message in slack.messages(CHANNEL)] == [too_long]
 
@@ -133,7 +133,7 @@ async def test_plain_text_fallback_splits_long_text_at_paragraphs_without_losing
     text = "\n\n".join(paragraph.strip() for paragraph in paragraphs)
     parent = await messenger.post(channel_place(), rich("status"))
     slack.error_next("chat.postMessage", "msg_blocks_too_long")
-    first = await messenger.post(channel_place(parent.message_id), Content(text=text, blocks=[section_block("summary")]))
+    first = await messenger.post(channel_place(parent.message_id), slack_content(text, [section_block("summary")]))
     replies = slack.messages(CHANNEL, thread_ts=parent.message_id)[1:]
     assert len(replies) > 1 and replies[0].ts == first.message_id
     assert all(len(message.text) <= PLAIN_TEXT_LIMIT for message in replies)
@@ -146,7 +146,7 @@ async def test_plain_text_fallback_splits_long_text_at_paragraphs_without_losing
 async def test_rejected_blocks_on_an_edit_are_retried_as_plain_text(slack: FakeSlack, messenger: SlackMessenger) -> None:
     ref = await messenger.post(channel_place(), rich("status"))
     slack.error_next("chat.update", "invalid_blocks")
-    await messenger.edit(ref, Content(text="plain status", blocks=[section_block("rich status")]))
+    await messenger.edit(ref, slack_content("plain status", [section_block("rich status")]))
     message = slack.message(CHANNEL, ref.message_id)
     assert message.text == "plain status" and message.blocks is None
 

@@ -7,7 +7,7 @@ import asyncio
 from sqlalchemy.orm import Session, sessionmaker
 
 from chat.message import Content, MessengerError, Place
-from chat.slack.render import SlackRenderer
+from chat.slack.render import SlackRenderer, blocks_of
 from chat.state import initial_progress
 from research.report import Report
 from storage.models import Conversation, Run
@@ -124,7 +124,7 @@ def test_queue_positions_are_shown_in_each_waiting_runs_status_message(session_f
         platform_parts=lambda platform: Outbound(messenger=messenger, renderer=SlackRenderer()), bucket=InMemoryEditBucket()))
     assert edited == run_ids
     assert [ref.message_id for ref, _ in messenger.edits] == ["300.0", "301.0", "302.0"]
-    shown = [str(content.text) + str(content.blocks) for _, content in messenger.edits]
+    shown = [str(content.text) + str(blocks_of(content)) for _, content in messenger.edits]
     assert all(f"position {position} in the queue" in text for position, text in enumerate(shown, start=1))
 
 

@@ -17,6 +17,7 @@ from chat.slack.render import (
     MESSAGE_TEXT_BUDGET,
     SECTION_TEXT_LIMIT,
     SlackRenderer,
+    blocks_of,
     escape_text,
     inline_to_mrkdwn,
 )
@@ -65,7 +66,7 @@ def running_progress(**changes: object) -> RunProgress:
 def texts_of(content: Content) -> list[str]:
     """The fallback text and every text inside the blocks of one message."""
     texts = [content.text]
-    for block in content.blocks or []:
+    for block in blocks_of(content) or []:
         if block["type"] == "markdown":
             texts.append(block["text"])
         elif block["type"] == "section":
@@ -80,13 +81,13 @@ def all_texts(delivery: ReportDelivery) -> list[str]:
 
 
 def section_texts(delivery: ReportDelivery) -> list[str]:
-    return [block["text"]["text"] for message in delivery.messages for block in message.blocks or []
+    return [block["text"]["text"] for message in delivery.messages for block in blocks_of(message) or []
             if block["type"] == "section"]
 
 
 def assert_within_slack_limits(delivery: ReportDelivery) -> None:
     for message in delivery.messages:
-        blocks = message.blocks or []
+        blocks = blocks_of(message) or []
         assert len(blocks) <= BLOCKS_PER_MESSAGE
         for block in blocks:
             if block["type"] == "section":
@@ -207,7 +208,7 @@ def test_status_does_not_turn_a_malformed_requester_into_a_mention() -> None:
 
 def test_status_with_a_huge_question_stays_within_section_limits_and_shows_it_was_shortened() -> None:
     content = SlackRenderer().status(running_progress(question="&" * 5_000, state="failed", error="<" * 5_000), now=NOW)
-    for block in content.blocks or []:
+    for block in blocks_of(content) or []:
         if block["type"] == "section":
             assert len(block["text"]["text"]) <= SECTION_TEXT_LIMIT
     assert "…" in content.text
@@ -220,16 +221,16 @@ def test_short_report_is_one_message_with_a_markdown_block_and_mentions_the_requ
     assert len(delivery.messages) == 1 and delivery.file is None
     message = delivery.messages[0]
     assert message.text.startswith(f"<@{REQUESTER}> here is your report")
-    assert message.blocks is not None
-    assert message.blocks[0]["text"]["text"].startswith(f"<@{REQUESTER}>")
-    assert message.blocks[1]["type"] == "markdown"
-    assert "**45%**" in message.blocks[1]["text"]
+    assert blocks_of(message) is not None
+    assert blocks_of(message)[0]["text"]["text"].startswith(f"<@{REQUESTER}>")
+    assert blocks_of(message)[1]["type"] == "markdown"
+    assert "**45%**" in blocks_of(message)[1]["text"]
     assert_within_slack_limits(delivery)
 
 
 def test_markdown_block_report_lists_sources_as_links_and_ends_with_the_footer() -> None:
     report = make_report()
-    markdown = SlackRenderer().report(report, requester=REQUESTER).messages[0].blocks[1]["text"]  # type: ignore[index]
+    markdown = blocks_of(SlackRenderer().report(report, requester=REQUESTER).messages[0])[1]["text"]  # type: ignore[index]
     assert "[Renewables 2024](https://energy.example/report?a=1&amp;b=2)" in markdown
     assert "[Tower history](https://tower.example/history) (search snippet)" in markdown
     assert escape_text(audit_line(report)) in markdown and escape_text(usage_line(report)) in markdown
@@ -243,7 +244,7 @@ def test_sections_report_lists_sources_as_slack_links_and_ends_with_the_footer()
     assert "[2] <https://tower.example/history|Tower history> _(search snippet)_" in text
     assert audit_line(report) in text and usage_line(report) in text
     assert "*Summary*" in text and "*45%*" in text
-    assert all(block["type"] != "markdown" for message in delivery.messages for block in message.blocks or [])
+    assert all(block["type"] != "markdown" for message in delivery.messages for block in blocks_of(message) or [])
 
 
 def test_sources_with_non_http_urls_are_not_linked() -> None:
@@ -257,7 +258,7 @@ def test_sources_with_non_http_urls_are_not_linked() -> None:
         assert "<javascript:" not in joined and "<ftp:" not in joined
         assert "Evil" in joined and "ftp://files.example/x" in joined
         markdown = [block["text"] for message in renderer.report(report, requester=REQUESTER).messages
-                    for block in message.blocks or [] if block["type"] == "markdown"]
+                    for block in blocks_of(message) or [] if block["type"] == "markdown"]
         for text in markdown:
             # In a markdown block a link needs `[label](url)`; the escaped brackets keep it plain text.
             assert "\\[click\\](javascript:alert(1))" in text
@@ -375,7 +376,7 @@ def test_report_body_with_its_own_title_is_not_titled_twice() -> None:
 
 def test_code_with_angle_brackets_is_sent_as_escaped_mrkdwn_sections() -> None:
     delivery = SlackRenderer().report(make_report(body="Use `a < b && c` here."), requester=REQUESTER)
-    assert all(block["type"] != "markdown" for block in delivery.messages[0].blocks or [])
+    assert all(block["type"] != "markdown" for block in blocks_of(delivery.messages[0]) or [])
     assert "`a &lt; b &amp;&amp; c`" in "\n".join(section_texts(delivery))
 
 

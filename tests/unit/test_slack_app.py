@@ -26,6 +26,8 @@ from chat.slack.render import (
     EXPORT_ACTION_ID,
     RETRY_ACTION_ID,
     SlackRenderer,
+    blocks_of,
+    slack_content,
     section_block,
     with_export_button,
 )
@@ -428,27 +430,27 @@ def test_unfinished_research_status_offers_retry_and_continue(state: str) -> Non
     progress = initial_progress(run_id=42, mode="research", question="q", requested_by="slack:U1").model_copy(
         update={"state": state})
     content = SlackRenderer().status(progress, now=NOW)
-    assert buttons_of(content.blocks) == [(RETRY_ACTION_ID, "42"), (CONTINUE_ACTION_ID, "42")]
+    assert buttons_of(blocks_of(content)) == [(RETRY_ACTION_ID, "42"), (CONTINUE_ACTION_ID, "42")]
 
 
 def test_partial_done_status_offers_retry_and_continue_but_a_whole_one_does_not() -> None:
     done = initial_progress(run_id=5, mode="research", question="q", requested_by="slack:U1").model_copy(
         update={"state": "done"})
-    assert buttons_of(SlackRenderer().status(done, now=NOW).blocks) == []
+    assert buttons_of(blocks_of(SlackRenderer().status(done, now=NOW))) == []
     partial = done.model_copy(update={"partial": True, "partial_reason": "time budget"})
-    assert buttons_of(SlackRenderer().status(partial, now=NOW).blocks) == [(RETRY_ACTION_ID, "5"), (CONTINUE_ACTION_ID, "5")]
+    assert buttons_of(blocks_of(SlackRenderer().status(partial, now=NOW))) == [(RETRY_ACTION_ID, "5"), (CONTINUE_ACTION_ID, "5")]
 
 
 @pytest.mark.parametrize("state", ["queued", "running"])
 def test_status_of_a_run_in_flight_has_no_buttons(state: str) -> None:
     progress = initial_progress(run_id=1, mode="research", question="q", requested_by="slack:U1", state=state)
-    assert buttons_of(SlackRenderer().status(progress, now=NOW).blocks) == []
+    assert buttons_of(blocks_of(SlackRenderer().status(progress, now=NOW))) == []
 
 
 def test_failed_plan_offers_retry_only() -> None:
     progress = initial_progress(run_id=3, mode="plan", question="q", requested_by="slack:U1").model_copy(
         update={"state": "failed"})
-    assert buttons_of(SlackRenderer().status(progress, now=NOW).blocks) == [(RETRY_ACTION_ID, "3")]
+    assert buttons_of(blocks_of(SlackRenderer().status(progress, now=NOW))) == [(RETRY_ACTION_ID, "3")]
 
 
 def small_report() -> Report:
@@ -459,20 +461,20 @@ def small_report() -> Report:
 @pytest.mark.parametrize("use_markdown_blocks", [True, False])
 def test_delivered_report_ends_with_an_export_button(use_markdown_blocks: bool) -> None:
     delivery = SlackRenderer(use_markdown_blocks=use_markdown_blocks).report(small_report(), requester="slack:U1", run_id=9)
-    assert buttons_of(delivery.messages[-1].blocks) == [(EXPORT_ACTION_ID, "9")]
-    assert all(buttons_of(message.blocks) == [] for message in delivery.messages[:-1])
+    assert buttons_of(blocks_of(delivery.messages[-1])) == [(EXPORT_ACTION_ID, "9")]
+    assert all(buttons_of(blocks_of(message)) == [] for message in delivery.messages[:-1])
 
 
 def test_report_without_a_run_id_has_no_button() -> None:
     delivery = SlackRenderer().report(small_report(), requester="slack:U1")
-    assert all(buttons_of(message.blocks) == [] for message in delivery.messages)
+    assert all(buttons_of(blocks_of(message)) == [] for message in delivery.messages)
 
 
 def test_export_button_gets_a_message_of_its_own_when_the_last_one_is_full() -> None:
-    full = Content(text="x", blocks=[section_block(f"part {index}") for index in range(BLOCKS_PER_MESSAGE)])
+    full = slack_content("x", [section_block(f"part {index}") for index in range(BLOCKS_PER_MESSAGE)])
     delivery = with_export_button(ReportDelivery(messages=[full]), 4)
-    assert len(delivery.messages) == 2 and len(delivery.messages[0].blocks or []) == BLOCKS_PER_MESSAGE
-    assert buttons_of(delivery.messages[1].blocks) == [(EXPORT_ACTION_ID, "4")]
+    assert len(delivery.messages) == 2 and len(blocks_of(delivery.messages[0]) or []) == BLOCKS_PER_MESSAGE
+    assert buttons_of(blocks_of(delivery.messages[1])) == [(EXPORT_ACTION_ID, "4")]
 
 
 # --- the app manifest ----------------------------------------------------------------------------
