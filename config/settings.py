@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field, SecretStr, ValidationError, field_validator
@@ -54,6 +54,8 @@ class Settings(BaseSettings):
     llm_fast_model: str | None = None
     llm_price_input_per_mtok: float = Field(default=0.0, ge=0)
     llm_price_output_per_mtok: float = Field(default=0.0, ge=0)
+    llm_max_output_tokens: int = Field(default=16_000, gt=0)
+    llm_reasoning_effort: Literal["", "minimal", "low", "medium", "high"] = ""
 
     search_providers: CommaList = Field(default_factory=lambda: ["auto"])
     search_fanout: bool = False

@@ -212,10 +212,16 @@ def plain_reason(error: BaseException) -> str:
     return f"Internal error ({type(error).__name__}); the gathered sources were kept."
 
 
+def cut_off_reason(llm: LLMClient) -> str:
+    """Why a report is partial when the model kept stopping at its output limit."""
+    return (f"the model's report was cut off at its output limit ({llm.config.max_output_tokens:,} tokens, "
+            "LLM_MAX_OUTPUT_TOKENS), even after it was asked to continue")
+
+
 def unfinished_report(state: ResearchState, *, reason: str, stopped_by_user: bool = False) -> Report:
     """The report of a run that did not finish: the audited draft if one was written, else what was found."""
     found = [source for source in state.sources.values()]
-    if state.audit is not None:
+    if state.audit is not None and state.audit.body_markdown.strip():
         body = state.audit.body_markdown
         sources, cited, audit = state.audit.sources, state.audit.cited_passages, state.audit.audit
     else:
@@ -297,8 +303,11 @@ async def _research(run: _Run, question: str, plan: Any, context: str | None,
         async with run.phase("synthesize"):
             selected = read_phase.select_for_synthesis(state.plan, state.passages, options)
             if selected:
-                state.draft = await synthesize_phase.synthesize(question, state.plan, selected, titles=state.titles(),
-                                                                llm=llm, today=today, context=context)
+                written = await synthesize_phase.synthesize(question, state.plan, selected, titles=state.titles(),
+                                                            llm=llm, today=today, context=context)
+                state.draft = written.text
+                if written.cut_off:
+                    state.partial_reason = state.partial_reason or cut_off_reason(llm)
             else:
                 state.draft = "No sources could be found for this question, so there is nothing to report yet."
         await run.progress(90)
@@ -316,6 +325,9 @@ async def _research(run: _Run, question: str, plan: Any, context: str | None,
         state.skipped_providers = router.skipped
         await fetch_client.aclose()
 
+    if not state.audit.body_markdown.strip():
+        state.partial_reason = state.partial_reason or "the model returned no report text"
+        return unfinished_report(state, reason=state.partial_reason).model_copy(update={"question": question})
     title, body = split_title(state.audit.body_markdown)
     return Report(
         question=question, title=title or question, body_markdown=body, sources=state.audit.sources,
@@ -471,9 +483,12 @@ async def chat(
         messages = [{"role": "system", "content": system_prompt("chat", today)}, *history,
                     {"role": "user", "content": question}]
         async with run.phase("chat"):
-            answer = await client.complete(messages, task="chat", max_tokens=800)
-        return Report(question=question, title=question[:80], mode="chat", body_markdown=answer,
-                               usage=run.state.usage_summary(), phase_seconds=run.state.phase_seconds)
+            answer = await client.complete_long(messages, task="chat")
+        if not answer.text:
+            raise LLMError("the model returned an empty answer")
+        return Report(question=question, title=question[:80], mode="chat", body_markdown=answer.text,
+                      usage=run.state.usage_summary(), phase_seconds=run.state.phase_seconds,
+                      partial=answer.cut_off, partial_reason=cut_off_reason(client) if answer.cut_off else None)
 
     return await run.finish(work)
 
@@ -507,16 +522,20 @@ async def answer_from_passages(
             messages = [{"role": "system", "content": system_prompt("answer", today)}, *history,
                         {"role": "user", "content": f"Follow-up question:\n{question}\n\nSource passages:\n"
                                                     + fence_passages(selected, titles)}]
-            run.state.draft = await client.complete(messages, task="answer", max_tokens=1500)
+            answer = await client.complete_long(messages, task="answer")
+            run.state.draft = answer.text
         async with run.phase("verify"):
             run.state.audit = await verify_phase.verify_draft(
                 run.state.draft, passages={passage.id: passage for passage in selected}, sources=sources,
                 judge=_citation_judge(client, today), may_use_llm=lambda: True)
         audit = run.state.audit
+        if not audit.body_markdown.strip():
+            raise LLMError("the model returned an empty answer")
         return Report(
             question=question, title=question[:80], mode="followup", body_markdown=audit.body_markdown,
             sources=audit.sources, cited_passages=audit.cited_passages, audit=audit.audit,
             usage=run.state.usage_summary(), phase_seconds=run.state.phase_seconds,
+            partial=answer.cut_off, partial_reason=cut_off_reason(client) if answer.cut_off else None,
         )
 
     return await run.finish(work)

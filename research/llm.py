@@ -37,7 +37,16 @@ MAX_REPAIR_ERRORS_SHOWN = 8
 T = TypeVar("T", bound=BaseModel)
 Message = dict[str, Any]
 ResponseFormatMode = Literal["json_schema", "json_object", "prompt_only"]
-AdaptableParameter = Literal["response_format", "temperature", "max_tokens"]
+AdaptableParameter = Literal["response_format", "temperature", "max_tokens", "reasoning_effort"]
+ReasoningEffort = Literal["minimal", "low", "medium", "high"]
+# What a model is asked when its answer stopped at the output limit: go on, without repeating itself.
+CONTINUE_INSTRUCTION = ("Your answer was cut off at the output limit. Continue exactly where it stopped, mid-sentence "
+                        "if need be: do not repeat anything, do not start over, add no preamble.")
+MAX_CONTINUATIONS = 2
+# A continuation that begins with this much of the text so far is the model starting over.
+RESTART_PREFIX_CHARS = 80
+# A structured answer cut off is asked again with this much room when the first ask set no limit.
+STRUCTURED_RETRY_TOKENS = 8_000
 
 
 class LLMError(Exception):
@@ -76,6 +85,8 @@ class LLMConfig(BaseModel):
     price_output_per_mtok: float = Field(default=0.0, ge=0)
     timeout_seconds: float = Field(default=60.0, gt=0)
     max_retries: int = Field(default=3, ge=0)
+    max_output_tokens: int = Field(default=16_000, gt=0)
+    reasoning_effort: ReasoningEffort | None = None
 
     @field_validator("base_url", mode="before")
     @classmethod
@@ -159,6 +170,27 @@ class UsageLedger(BaseModel):
 
 OnUsage = Callable[[UsageRecord], Awaitable[None]]
 
+
+@dataclass(frozen=True)
+class ChatAnswer:
+    """One completion's raw content and why it stopped (`length`: cut off at the output limit)."""
+
+    content: str
+    finish_reason: str | None
+
+    @property
+    def cut_off(self) -> bool:
+        return self.finish_reason in ("length", "max_tokens")
+
+
+@dataclass(frozen=True)
+class LongAnswer:
+    """A free-text answer, reasoning removed, continued across output limits; `cut_off` if it still did not end."""
+
+    text: str
+    cut_off: bool
+    continuations: int = 0
+
 # ---------------------------------------------------------------------------------------------------------------
 # Reasoning blocks, fences, schemas: pure helpers
 # ---------------------------------------------------------------------------------------------------------------
@@ -177,6 +209,13 @@ def strip_reasoning(text: str) -> str:
     # A `<think>` never closed means the answer was cut off mid-reasoning: none of it is for users.
     text = _UNCLOSED_REASONING.sub("", text)
     return text.strip()
+
+
+def _continuation_text(raw: str) -> str:
+    """A continuation's visible text, keeping the white space it starts with (it joins the text before it)."""
+    visible = strip_reasoning(raw)
+    start = raw.find(visible) if visible else -1
+    return (raw[start - 1] + visible) if start > 0 and raw[start - 1].isspace() else visible
 
 
 def extract_json_text(answer: str) -> str:
@@ -350,6 +389,8 @@ def _rejected_parameter(error: openai.APIStatusError) -> AdaptableParameter | No
         return "temperature"
     if parameter == "max_tokens" or (unsupported and "max_tokens" in text and "max_completion_tokens" in text):
         return "max_tokens"
+    if parameter in ("reasoning_effort", "reasoning") or "reasoning_effort" in text:
+        return "reasoning_effort"
     return None
 
 
@@ -391,12 +432,16 @@ class EndpointQuirks:
 
     response_format_mode: ResponseFormatMode = "json_schema"
     send_temperature: bool = True
+    send_reasoning_effort: bool = True
     token_limit_parameter: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
 
     def adapt_to(self, rejected: AdaptableParameter) -> bool:
         """Stop sending what the endpoint refused; False when there is nothing left to change."""
         if rejected == "temperature" and self.send_temperature:
             self.send_temperature = False
+            return True
+        if rejected == "reasoning_effort" and self.send_reasoning_effort:
+            self.send_reasoning_effort = False
             return True
         if rejected == "max_tokens" and self.token_limit_parameter == "max_tokens":
             self.token_limit_parameter = "max_completion_tokens"
@@ -473,7 +518,40 @@ class LLMClient:
         answer = await self._chat(
             messages, task=task, fast=fast, max_tokens=max_tokens, temperature=temperature, response_format=None,
         )
-        return strip_reasoning(answer)
+        return strip_reasoning(answer.content)
+
+    async def complete_long(
+        self,
+        messages: Sequence[Message],
+        *,
+        task: str,
+        fast: bool = False,
+        max_tokens: int | None = None,
+        temperature: float = 0.2,
+    ) -> LongAnswer:
+        """A free-text answer that may need the whole output budget (a report): one cut off while still thinking is
+        asked again with twice the room, one cut off mid-text is continued (up to `MAX_CONTINUATIONS` times);
+        `cut_off` says it still did not end. Raises LLMError as `complete`."""
+        limit = max_tokens or self.config.max_output_tokens
+        answer = await self._chat(messages, task=task, fast=fast, max_tokens=limit, temperature=temperature,
+                                  response_format=None)
+        if answer.cut_off and not strip_reasoning(answer.content):
+            # It spent the whole budget thinking: thinking needs room, so ask once more with twice as much.
+            answer = await self._chat(messages, task=task, fast=fast, max_tokens=limit * 2, temperature=temperature,
+                                      response_format=None)
+        text = strip_reasoning(answer.content)
+        continuations = 0
+        while answer.cut_off and text and continuations < MAX_CONTINUATIONS:
+            continued = [*messages, {"role": "assistant", "content": text},
+                         {"role": "user", "content": CONTINUE_INSTRUCTION}]
+            answer = await self._chat(continued, task=f"{task}_continued", fast=fast, max_tokens=limit,
+                                      temperature=temperature, response_format=None)
+            piece = _continuation_text(answer.content)
+            continuations += 1
+            if piece.strip() and text.lstrip().startswith(piece.strip()[:RESTART_PREFIX_CHARS]):
+                break  # it started over instead of going on: keep the text once, still cut off
+            text += piece
+        return LongAnswer(text=text, cut_off=answer.cut_off, continuations=continuations)
 
     async def structured(
         self,
@@ -485,7 +563,9 @@ class LLMClient:
         max_tokens: int | None = None,
         temperature: float = 0.2,
     ) -> T:
-        """The model's answer validated as `schema`, with one repair attempt; raises StructuredOutputError when still invalid, or LLMError."""
+        """The model's answer validated as `schema`, with one repair attempt; raises StructuredOutputError when still invalid, or LLMError.
+
+        An answer cut off at the output limit is asked again with more room before it is judged."""
         answer = await self._structured_answer(messages, schema, task=task, fast=fast, max_tokens=max_tokens, temperature=temperature)
         try:
             return parse_answer(answer, schema)
@@ -521,10 +601,17 @@ class LLMClient:
                 request_messages = _with_instruction(messages, schema_instruction(schema, task))
                 response_format = {"type": "json_object"} if mode == "json_object" else None
             try:
-                return await self._chat(
+                answer = await self._chat(
                     request_messages, task=task, fast=fast, max_tokens=max_tokens,
                     temperature=temperature, response_format=response_format,
                 )
+                if answer.cut_off:
+                    roomier = max(STRUCTURED_RETRY_TOKENS, (max_tokens or 0) * 2)
+                    answer = await self._chat(
+                        request_messages, task=task, fast=fast, max_tokens=roomier,
+                        temperature=temperature, response_format=response_format,
+                    )
+                return answer.content
             except _ResponseFormatRejected:
                 if mode == "prompt_only":
                     raise LLMError("the LLM endpoint refused every way of asking for JSON") from None
@@ -539,8 +626,9 @@ class LLMClient:
         max_tokens: int | None,
         temperature: float,
         response_format: dict[str, Any] | None,
-    ) -> str:
-        """One chat completion's raw content; adapts to parameters the endpoint refuses, records usage, translates errors."""
+    ) -> ChatAnswer:
+        """One chat completion's raw content and finish reason; adapts to parameters the endpoint refuses, records
+        usage, translates errors."""
         model = self.config.model_for(fast=fast)
         started = time.monotonic()
         while True:
@@ -558,8 +646,9 @@ class LLMClient:
                 raise translated from (None if isinstance(translated, LLMAuthError) else error)
             except openai.OpenAIError as error:
                 raise translate_error(error, self.config, model) from error
-        answer = _completion_text(completion)
-        await self._record_usage(completion, messages, answer, task=task, model=model, seconds=time.monotonic() - started)
+        answer = _completion_answer(completion)
+        await self._record_usage(completion, messages, answer.content, task=task, model=model,
+                                 seconds=time.monotonic() - started)
         return answer
 
     def _arguments(
@@ -577,6 +666,8 @@ class LLMClient:
             arguments[self.quirks.token_limit_parameter] = max_tokens
         if response_format is not None:
             arguments["response_format"] = response_format
+        if self.config.reasoning_effort and self.quirks.send_reasoning_effort:
+            arguments["reasoning_effort"] = self.config.reasoning_effort
         return arguments
 
     async def _record_usage(
@@ -597,8 +688,9 @@ class LLMClient:
             await self._on_usage(record)
 
 
-def _completion_text(completion: ChatCompletion) -> str:
-    """The first choice's content; `reasoning_content`/`reasoning` fields are deliberately never read."""
+def _completion_answer(completion: ChatCompletion) -> ChatAnswer:
+    """The first choice's content and finish reason; `reasoning_content`/`reasoning` fields are deliberately never read."""
     if not completion.choices:
         raise LLMError("the LLM endpoint returned no answer (no choices)")
-    return completion.choices[0].message.content or ""
+    choice = completion.choices[0]
+    return ChatAnswer(content=choice.message.content or "", finish_reason=choice.finish_reason)

@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, computed_field
 
 from research.llm import ModelUsage
 
@@ -70,6 +70,12 @@ class UsageSummary(BaseModel):
     pages_fetched: int = 0
     bytes_fetched: int = 0
     seconds: float = 0.0
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def tokens_estimated(self) -> bool:
+        """Whether some token counts were estimated from text length (the endpoint sent no `usage`)."""
+        return any(usage.estimated_calls for usage in self.llm.values())
 
 
 class Report(BaseModel):
@@ -139,9 +145,13 @@ def _format_seconds(seconds: float) -> str:
 
 
 def usage_line(report: Report) -> str:
-    """The footer's usage line, e.g. "12,345 tokens · $0.0123 · 41 s"."""
+    """The footer's usage line, e.g. "12,345 tokens · $0.0123 · 41 s" ("≈12,345 tokens (estimated) …" when the
+    endpoint did not report usage)."""
     usage = report.usage
-    return SEPARATOR.join([_plural(usage.total_tokens, "token"), f"${usage.cost:,.4f}", _format_seconds(usage.seconds)])
+    tokens = _plural(usage.total_tokens, "token")
+    if usage.tokens_estimated:
+        tokens = f"≈{tokens} (estimated)"
+    return SEPARATOR.join([tokens, f"${usage.cost:,.4f}", _format_seconds(usage.seconds)])
 
 
 def partial_notice(report: Report) -> str | None:

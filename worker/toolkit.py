@@ -24,6 +24,7 @@ def llm_config(settings: Settings) -> LLMConfig:
         base_url=settings.llm_base_url, api_key=settings.secret("llm_api_key"), model=settings.llm_model,
         fast_model=settings.llm_fast_model, price_input_per_mtok=settings.llm_price_input_per_mtok,
         price_output_per_mtok=settings.llm_price_output_per_mtok,
+        max_output_tokens=settings.llm_max_output_tokens, reasoning_effort=settings.llm_reasoning_effort or None,
     )
 
 

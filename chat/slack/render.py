@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Callable
 from typing import Any
 
 from chat.message import Content, FileUpload

@@ -73,10 +73,3 @@ def test_an_approved_plan_replaces_decomposition() -> None:
 def test_an_invalid_plan_is_refused(bad) -> None:
     with pytest.raises(ValueError):
         plan_as_decomposition(bad)
-
-
-def test_model_invented_numeric_cites_are_dropped_before_the_audit() -> None:
-    from research.phases.synthesize import drop_bare_numeric_cites
-
-    draft = "One [3]. Two [p2]. Code a[1] stays, as does [a link](https://x.example). Three [2, 4]."
-    assert drop_bare_numeric_cites(draft) == "One. Two [p2]. Code a[1] stays, as does [a link](https://x.example). Three."

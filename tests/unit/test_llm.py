@@ -9,6 +9,8 @@ import pytest
 from pydantic import BaseModel
 
 from research.llm import (
+    MAX_CONTINUATIONS,
+    STRUCTURED_RETRY_TOKENS,
     LLMAuthError,
     LLMClient,
     LLMConfig,
@@ -490,3 +492,57 @@ async def test_usage_callback_view_has_its_own_ledger_and_shares_learnt_quirks()
     assert view.ledger.calls == 1 and client.ledger.calls == 1
     assert client.response_format_mode == "json_object"
     assert len(fake.chat_requests) == 3
+
+
+# --- answers cut off at the output limit --------------------------------------------------------------------
+
+
+async def test_a_long_answer_cut_off_is_continued_where_it_stopped() -> None:
+    fake = FakeLLM(in_order(FakeReply("The tide turns twice", finish_reason="length"),
+                            FakeReply(" a day [p1].", finish_reason="stop")))
+    answer = await client_for(fake, max_output_tokens=500).complete_long(QUESTION, task="synthesize")
+    assert (answer.text, answer.cut_off, answer.continuations) == ("The tide turns twice a day [p1].", False, 1)
+    continuation = fake.chat_requests[-1]
+    assert continuation.messages[-2] == {"role": "assistant", "content": "The tide turns twice"}
+    assert "Continue exactly where it stopped" in continuation.user and continuation.max_tokens == 500
+
+
+async def test_a_model_that_always_stops_at_the_limit_is_reported_cut_off() -> None:
+    fake = FakeLLM(lambda request: FakeReply(f" part {len(request.messages)}", finish_reason="length"))
+    answer = await client_for(fake).complete_long(QUESTION, task="synthesize")
+    assert answer.cut_off and answer.continuations == MAX_CONTINUATIONS and answer.text == "part 2 part 4 part 4"
+    assert len(fake.chat_requests) == 1 + MAX_CONTINUATIONS
+
+
+async def test_an_answer_that_spent_its_budget_thinking_is_asked_again_with_twice_the_room() -> None:
+    def thinker(request: ChatRequest) -> FakeReply:
+        if (request.max_tokens or 0) < 2_000:
+            return FakeReply("<think>Let me consider every passage in turn", finish_reason="length")
+        return FakeReply("<think>ok</think>The answer [p1].")
+
+    answer = await client_for(fake := FakeLLM(thinker), max_output_tokens=1_500).complete_long(QUESTION, task="synthesize")
+    assert (answer.text, answer.cut_off) == ("The answer [p1].", False)
+    assert [request.max_tokens for request in fake.chat_requests] == [1_500, 3_000]
+
+
+async def test_a_structured_answer_cut_off_is_asked_again_with_more_room() -> None:
+    fake = FakeLLM(in_order(FakeReply('{"city": "Ly', finish_reason="length"), good_city))
+    assert await client_for(fake).structured(QUESTION, CityFact, task="city") == CityFact(city="Lyon", population=522_000)
+    assert [request.max_tokens for request in fake.chat_requests] == [None, STRUCTURED_RETRY_TOKENS]
+
+
+async def test_reasoning_effort_is_sent_when_set_and_dropped_where_refused() -> None:
+    fake = FakeLLM(lambda request: "ok", unsupported_parameters={"reasoning_effort"})
+    client = client_for(fake, reasoning_effort="low")
+    assert await client.complete(QUESTION, task="chat") == "ok"
+    assert await client.complete(QUESTION, task="chat") == "ok"
+    assert [request.raw.get("reasoning_effort") for request in fake.chat_requests] == ["low", None, None]
+    quiet = FakeLLM(lambda request: "ok")
+    await client_for(quiet).complete(QUESTION, task="chat")
+    assert "reasoning_effort" not in quiet.chat_requests[-1].raw
+
+
+async def test_a_continuation_that_starts_over_is_not_appended() -> None:
+    fake = FakeLLM(lambda request: FakeReply("The tide turns twice a day at this site, as the harbour logs show", finish_reason="length"))
+    answer = await client_for(fake).complete_long(QUESTION, task="synthesize")
+    assert answer.text == "The tide turns twice a day at this site, as the harbour logs show" and answer.cut_off
