@@ -8,6 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from chat.discord.render import DiscordRenderer
+from chat.slack.render import SlackRenderer
 from research.audit import verify_draft
 from research.audit.citations import normalise_citations
 from research.audit.draft import normalise_answer
@@ -100,3 +102,7 @@ async def test_no_rendered_citation_marker_is_anything_but_a_listed_source(draft
     cited = {int(number) for number in re.findall(r"\[(\d+)\]", body)}
     assert cited <= listed, f"{cited - listed} cited but not listed in:\n{body}"
     assert not RAW_MARKER.search(body), body
+    for renderer in (SlackRenderer(), DiscordRenderer()):
+        shown = "\n".join(content.text for content in renderer.report(report, requester="u").messages)
+        assert not RAW_MARKER.search(shown), shown
+        assert {int(number) for number in re.findall(r"\[(\d+)\]", shown)} <= listed
