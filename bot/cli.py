@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import httpx
@@ -37,9 +38,11 @@ class JsonLogFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False)
 
 
-def configure_logging(settings: Settings) -> None:
-    """Root logging at LOG_LEVEL, as console lines or JSON (LOG_FORMAT)."""
-    handler = logging.StreamHandler()
+def configure_logging(settings: Settings, *, path: Path | None = None) -> None:
+    """Root logging at LOG_LEVEL, as console lines or JSON (LOG_FORMAT), on stderr or appended to `path`."""
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, encoding="utf-8") if path is not None else logging.StreamHandler()
     handler.setFormatter(JsonLogFormatter() if settings.log_format == "json"
                          else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=settings.log_level, handlers=[handler], force=True)
@@ -111,16 +114,23 @@ def _database(settings: Settings):
     return make_session_factory(engine)
 
 
-def _parse_since(since: str | None) -> str | None:
-    if since is None:
-        return None
-    import datetime as dt
+def _request(mode: str, question: str, *, since: str | None = None, sites: list[str] = (),  # type: ignore[assignment]
+             depth: str | None = None) -> tuple[str, dict]:
+    """The question and options, checked by the rules the chat uses; exits 2 with the chat's message when wrong."""
+    from bot.conversation.commands import UsageProblem, parse_request
 
+    words = [question.strip()]
+    if since:
+        words.append(f"--since {since}")
+    words.extend(f"--site {site}" for site in sites)
+    if depth:
+        words.append(f"--{depth}")
     try:
-        return dt.date.fromisoformat(since).isoformat()
-    except ValueError:
-        typer.echo(f"--since wants a date like 2024-01-31, not {since!r}", err=True)
+        request = parse_request(" ".join(words), "research" if mode == "research" else "plan")
+    except UsageProblem as problem:
+        typer.echo(str(problem).replace("`", ""), err=True)
         raise typer.Exit(code=2) from None
+    return request.question, request.options
 
 
 def _run_in_terminal(mode: str, question: str, options: dict, output_format: str, out: str | None) -> None:
@@ -164,6 +174,8 @@ def _run_in_terminal(mode: str, question: str, options: dict, output_format: str
                 live.update(render_progress(progress))
             final = await execute(run_id, on_state, services=services, cancel=cancel)
             live.update(render_progress(final))
+        if not console.is_terminal:
+            console.line()  # the last panel drawn on a pipe or file ends without a line break
         loop.remove_signal_handler(signal.SIGINT)
         await tools.llm.aclose()
         await tools.search_http.aclose()
@@ -178,14 +190,25 @@ def _run_in_terminal(mode: str, question: str, options: dict, output_format: str
     if text is None:
         typer.echo(f"Run {run_id} ended {state} with no report.", err=True)
         raise typer.Exit(code=1)
+    _write_report(text, output_format, out, done_line=f"Run {run_id} ended {state}")
+    if state != "done":
+        raise typer.Exit(code=1)
+
+
+def _write_report(text: str, output_format: str, out: str | None, *, done_line: str | None = None) -> None:
+    """The report to `out`, or to stdout: drawn as Markdown on a terminal, as it is when piped."""
     if out:
         with open(out, "w", encoding="utf-8") as handle:
             handle.write(text)
-        typer.echo(f"Run {run_id} ended {state}; report written to {out}.", err=True)
+        if done_line:
+            typer.echo(f"{done_line}; report written to {out}.", err=True)
+    elif output_format == "md" and sys.stdout.isatty():
+        from rich.console import Console
+        from rich.markdown import Markdown
+
+        Console().print(Markdown(text))
     else:
         typer.echo(text)
-    if state != "done":
-        raise typer.Exit(code=1)
 
 
 FORMATS = ("md", "html", "json")
@@ -199,59 +222,72 @@ def _check_format(value: str) -> str:
 
 @app.command()
 def research(
-    question: str = typer.Argument(..., help="The question to research."),
-    output_format: str = typer.Option("md", "--format", help="md, html or json.", callback=_check_format),
-    out: str | None = typer.Option(None, "--out", help="Write the report to this file instead of stdout."),
-    since: str | None = typer.Option(None, "--since", help="Only sources published on or after this date (YYYY-MM-DD)."),
-    site: list[str] = typer.Option([], "--site", help="Only search this domain (repeatable)."),
+    question: str = typer.Argument(..., help="The question to research.", metavar="QUESTION"),
+    output_format: str = typer.Option("md", "--format", help="md, html or json.", callback=_check_format,
+                                      metavar="FORMAT"),
+    out: str | None = typer.Option(None, "--out", help="Write the report to this file instead of stdout.",
+                                   metavar="FILE"),
+    since: str | None = typer.Option(None, "--since", help="Only sources published on or after this date.",
+                                     metavar="YYYY-MM-DD"),
+    site: list[str] = typer.Option([], "--site", help="Only search this domain (repeatable).", metavar="DOMAIN"),
+    deep: bool = typer.Option(False, "--deep", help="More rounds and sources."),
+    quick: bool = typer.Option(False, "--quick", help="Fewer rounds and sources."),
 ) -> None:
     """Research a question here, with a live display of the phases; Ctrl-C stops and keeps what was found."""
-    options = {"since": _parse_since(since), "sites": site}
-    _run_in_terminal("research", question, {key: value for key, value in options.items() if value}, output_format, out)
+    if deep and quick:
+        typer.echo("Choose one of --deep or --quick, not both.", err=True)
+        raise typer.Exit(code=2)
+    checked, options = _request("research", question, since=since, sites=site,
+                                depth="deep" if deep else "quick" if quick else None)
+    _run_in_terminal("research", checked, options, output_format, out)
 
 
 @app.command("plan")
-def plan_command(question: str = typer.Argument(..., help="The question to plan research for.")) -> None:
+def plan_command(question: str = typer.Argument(..., help="The question to plan research for.", metavar="QUESTION")) -> None:
     """Draft a research plan (no searching) for you to approve or revise."""
-    _run_in_terminal("plan", question, {}, "md", None)
+    checked, options = _request("plan", question)
+    _run_in_terminal("plan", checked, options, "md", None)
 
 
 @app.command()
-def runs(limit: int = typer.Option(20, "--limit", help="How many of the latest runs to list.")) -> None:
+def runs(limit: int = typer.Option(20, "--limit", help="How many of the latest runs to list.", metavar="N")) -> None:
     """List recent runs: id, state, mode, when, and the question."""
-    from worker.headless import recent_runs
+    from worker.headless import RUNS_HEADER, recent_runs
 
     settings = settings_or_exit()
-    for line in recent_runs(_database(settings), limit):
+    lines = recent_runs(_database(settings), limit)
+    typer.echo(RUNS_HEADER if lines else "No runs yet.")
+    for line in lines:
         typer.echo(line)
 
 
 @app.command()
 def export(
-    run_id: int = typer.Argument(..., help="The run to export."),
-    output_format: str = typer.Option("md", "--format", help="md, html or json.", callback=_check_format),
-    out: str | None = typer.Option(None, "--out", help="Write to this file instead of stdout."),
+    run_id: int = typer.Argument(..., help="The run to export.", metavar="RUN_ID"),
+    output_format: str = typer.Option("md", "--format", help="md, html or json.", callback=_check_format,
+                                      metavar="FORMAT"),
+    out: str | None = typer.Option(None, "--out", help="Write to this file instead of stdout.", metavar="FILE"),
 ) -> None:
     """Export a run's report as Markdown, self-contained HTML, or JSON with everything."""
     from worker.headless import export_run
 
     settings = settings_or_exit()
-    text = export_run(_database(settings), run_id, output_format)
+    try:
+        text = export_run(_database(settings), run_id, output_format)
+    except LookupError:
+        typer.echo(f"Run {run_id} does not exist (`deepthread runs` lists them).", err=True)
+        raise typer.Exit(code=1) from None
     if text is None:
         typer.echo(f"Run {run_id} has no report.", err=True)
         raise typer.Exit(code=1)
-    if out:
-        with open(out, "w", encoding="utf-8") as handle:
-            handle.write(text)
-    else:
-        typer.echo(text)
+    _write_report(text, output_format, out)
 
 
 def _require_llm(settings: Settings) -> None:
     """Stop with one clear line when the LLM is not configured, before anything starts."""
     if not settings.llm_model:
-        typer.echo("LLM_MODEL is not set: put the model name (and LLM_API_KEY, LLM_BASE_URL if needed) in .env "
-                   "— see .env.example.", err=True)
+        typer.echo("LLM_MODEL is not set: run `cp .env.example .env`, then put the model name (and LLM_API_KEY, "
+                   "LLM_BASE_URL if needed) in .env.", err=True)
         raise typer.Exit(code=2)
 
 
@@ -279,38 +315,33 @@ def chat() -> None:
 @app.command()
 def up() -> None:
     """Run deepthread: migrate, start a worker and every adapter whose tokens are set (or the terminal chat)."""
-    import subprocess
-    import sys
+    from bot.supervisor import Child, Supervisor
 
     settings = settings_or_exit()
     _require_llm(settings)
     _database(settings)
-    command = [sys.executable, "-m", "bot.cli"]
     adapters = configured_adapters(settings)
-    children: list[subprocess.Popen[bytes]] = [subprocess.Popen([*command, "worker"])]
-    children.extend(subprocess.Popen([*command, adapter]) for adapter in adapters)
+    interactive = not adapters and sys.stdin.isatty()
+    logs = Path(settings.data_dir) / "logs"
+    # With the chat on screen, the children write to files: nothing may print over the conversation.
+    children = [Child("worker", log_path=logs / "worker.log" if interactive else None)]
+    children.extend(Child(adapter) for adapter in adapters)
+    supervisor = Supervisor(children).start()
     try:
-        if not adapters and sys.stdin.isatty():
+        if interactive:
+            configure_logging(settings, path=logs / "chat.log")
+            typer.echo(f"Worker logs: {logs / 'worker.log'}", err=True)
             chat()
-        elif not adapters:
-            tokens = " or ".join(bundle.missing_setting for bundle in platform_bundles() if bundle.adapter_command)
-            typer.echo(f"No platform is configured ({tokens}) and no terminal is attached: running the "
-                       "worker only. Use `deepthread research \"question\"` or `deepthread chat`.", err=True)
-            children[0].wait()
         else:
-            for child in children:
-                child.wait()
+            if not adapters:
+                tokens = " or ".join(bundle.missing_setting for bundle in platform_bundles() if bundle.adapter_command)
+                typer.echo(f"No platform is configured ({tokens}) and no terminal is attached: running the "
+                           "worker only. Use `deepthread research \"question\"` or `deepthread chat`.", err=True)
+            supervisor.wait()
     except KeyboardInterrupt:
         pass
     finally:
-        for child in children:
-            if child.poll() is None:
-                child.terminate()
-        for child in children:
-            try:
-                child.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                child.kill()
+        supervisor.stop()
 
 
 @app.command("worker")
@@ -330,16 +361,28 @@ def worker_command(
     celery.worker_main(worker_argv(settings, hostname=hostname))
 
 
+IF_CONFIGURED_HELP = "Without this platform's token, say so and exit 0 instead of failing (for compose)."
+
+
+def _exit_unless_configured(bundle: PlatformBundle, settings: Settings, if_configured: bool) -> None:
+    """With --if-configured, a platform whose token is not set is not an error: one line, exit 0."""
+    if if_configured and not bundle.configured(settings):
+        typer.echo(f"{bundle.missing_setting} is not set: the {bundle.name} bot is not started.", err=True)
+        raise typer.Exit(code=0)
+
+
 @app.command("slack")
 def slack_command(
     port: int = typer.Option(3000, "--port", help="Port for POST /slack/events (HTTP mode) and GET /healthz."),
     host: str = typer.Option("0.0.0.0", "--host", help="Address to listen on."),
+    if_configured: bool = typer.Option(False, "--if-configured", help=IF_CONFIGURED_HELP),
 ) -> None:
     """Run the Slack bot: Socket Mode when SLACK_APP_TOKEN is set, otherwise HTTP mode at /slack/events."""
     from bot.slack.bundle import BUNDLE, missing_adapter_setting
     from bot.slack.server import run
 
     settings = settings_or_exit()
+    _exit_unless_configured(BUNDLE, settings, if_configured)
     problem = missing_adapter_setting(settings)
     if problem is not None:
         typer.echo(problem, err=True)
@@ -353,6 +396,7 @@ def slack_command(
 def discord_command(
     sync: bool = typer.Option(False, "--sync", help="Also sync the commands globally (Discord caps command "
                                                     "creations at 200 a day; they take up to an hour to appear)."),
+    if_configured: bool = typer.Option(False, "--if-configured", help=IF_CONFIGURED_HELP),
 ) -> None:
     """Run the Discord bot: slash commands (synced to DISCORD_GUILD_IDS at start), threads, follow-ups, reactions."""
     import asyncio
@@ -361,6 +405,7 @@ def discord_command(
     from bot.discord.bundle import BUNDLE, TOKEN_SETTING, http
 
     settings = settings_or_exit()
+    _exit_unless_configured(BUNDLE, settings, if_configured)
     token = settings.secret("discord_bot_token")
     if token is None:
         typer.echo(f"{TOKEN_SETTING} is required for the Discord bot (see the README's Discord section).", err=True)

@@ -14,6 +14,8 @@ from storage.db import make_engine
 from storage.redis import connect, resolve_redis_url
 
 Status = Literal["ok", "missing", "error", "off"]
+# What the keyless fallback provider (the ddgs package) reaches.
+DUCKDUCKGO_URL = "https://html.duckduckgo.com/html/"
 SYMBOLS: dict[Status, str] = {"ok": "✔", "missing": "✘", "error": "✘", "off": "·"}
 
 
@@ -116,7 +118,9 @@ def check_search(settings: Settings, http: httpx.Client) -> list[Check]:
                             detail=f"{settings.searxng_url} " + (problem or "reachable")))
     else:
         checks.append(Check(component="search: searxng", status="off", detail="SEARXNG_URL not set"))
-    checks.append(Check(component="search: duckduckgo", status="ok", detail="keyless fallback, always available"))
+    problem = _probe(http, DUCKDUCKGO_URL)
+    checks.append(Check(component="search: duckduckgo", status="error" if problem else "ok",
+                        detail="keyless fallback: " + (f"{DUCKDUCKGO_URL} {problem}" if problem else "reachable")))
     return checks
 
 

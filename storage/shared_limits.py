@@ -281,3 +281,20 @@ def redis_lock(redis_client: redis.Redis | redis.asyncio.Redis, name: str, *, ti
 
 def _as_text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+WORKER_HEARTBEAT = "deepthread:worker:{name}"
+# A worker beats every HEARTBEAT_SECONDS; one silent for HEARTBEAT_TTL_SECONDS is gone.
+HEARTBEAT_SECONDS = 2.0
+HEARTBEAT_TTL_SECONDS = 6
+
+
+def beat(redis_client: redis.Redis, name: str, *, ttl: int = HEARTBEAT_TTL_SECONDS) -> None:
+    """Say that worker `name` is alive for the next `ttl` seconds."""
+    redis_client.set(WORKER_HEARTBEAT.format(name=name), "1", ex=ttl)
+
+
+def live_workers(redis_client: redis.Redis) -> list[str]:
+    """The names of the workers that beat within the last heartbeat TTL."""
+    prefix = WORKER_HEARTBEAT.format(name="")
+    return sorted(_as_text(key)[len(prefix):] for key in redis_client.scan_iter(match=prefix + "*", count=100))

@@ -27,14 +27,19 @@ def create_run(sessions: sessionmaker[Session], *, place: Place, requester: str,
 
 
 def export_run(sessions: sessionmaker[Session], run_id: int, output_format: str) -> str | None:
-    """The run's report as md, html or json; None when it has none."""
+    """The run's report as md, html or json; None when it has none; raises LookupError when there is no such run."""
     with sessions() as session:
         run = session.get(Run, run_id)
-        if run is None or run.report_json is None:
+        if run is None:
+            raise LookupError(f"no run {run_id}")
+        if run.report_json is None:
             return None
         report = Report.model_validate(run.report_json)
     renderers = {"md": render_markdown, "html": render_html, "json": render_json}
     return renderers[output_format](report)
+
+
+RUNS_HEADER = f"{'ID':>5}  {'STATE':<9}  {'MODE':<8}  {'CREATED':<16}  QUESTION"
 
 
 def recent_runs(sessions: sessionmaker[Session], limit: int) -> list[str]:

@@ -21,7 +21,14 @@ from research.cpu import cpu_pool
 from storage.db import make_engine, make_session_factory, normalise_url
 from storage.models import Event, Run
 from storage.redis import connect, resolve_redis_url
-from storage.shared_limits import EditBucket, RedisCircuitBreaker, RedisRateLimiter, connect_async
+from storage.shared_limits import (
+    HEARTBEAT_SECONDS,
+    EditBucket,
+    RedisCircuitBreaker,
+    RedisRateLimiter,
+    beat,
+    connect_async,
+)
 from worker.cancels import CancelWatcher, redis_flags, row_flags
 from worker.delivery import DeliveryTarget, RunDelivery, show_queue_positions
 from worker.leases import claim_undelivered, fail_unstartable, reap, worker_identity
@@ -184,6 +191,19 @@ class WorkerRuntime:
 
         self._reaper = threading.Thread(target=loop, name="deepthread-reaper", daemon=True)
         self._reaper.start()
+        self._heartbeat = threading.Thread(target=self._beat, name="deepthread-heartbeat", daemon=True)
+        self._heartbeat.start()
+
+    def _beat(self) -> None:
+        """Tell the bots this worker is alive (a run queued with none alive is said so to its requester)."""
+        name = worker_identity()
+        while True:
+            try:
+                beat(self.redis, name)
+            except Exception:  # Redis down: the bots will say no worker is alive, which is then true enough
+                logger.warning("worker heartbeat failed", exc_info=True)
+            if self._stopping.wait(HEARTBEAT_SECONDS):
+                return
 
     def stop(self) -> None:
         self._stopping.set()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -96,6 +97,7 @@ def test_cli_research_stores_a_done_run_whose_exports_round_trip(corpus: Corpus,
     runner = CliRunner()
     result = runner.invoke(app, ["research", QUESTION, "--out", str(tmp_path / "report.md")])
     assert result.exit_code == 0, result.output
+    assert re.search(r"(?m)^Run \d+ ended done; report written to ", result.stderr), "the panel ends its line first"
     assert "## Sources" in (tmp_path / "report.md").read_text()
     with sessions_for(environment)() as session:
         run = session.scalars(select(Run)).one()

@@ -52,3 +52,47 @@ def test_log_format_json_writes_one_json_object_a_line() -> None:
     record = logging.LogRecord("deepthread.test", logging.INFO, __file__, 1, "run %s started", (7,), None)
     line = JsonLogFormatter().format(record)
     assert "\n" not in line and json.loads(line)["message"] == "run 7 started"
+
+
+def test_research_options_are_checked_as_the_chat_checks_them(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("DATABASE_URL", f"sqlite:///{tmp_path}/never.db")
+    for arguments, message in [(["--site", "not a domain"], "--site wants a domain"),
+                               (["--since", "yesterday"], "--since wants a date"),
+                               (["--deep", "--quick"], "Choose one of --deep or --quick"),
+                               ([], None)]:
+        question = "x" * 2_001 if not arguments else "why?"
+        result = CliRunner().invoke(app, ["research", question, *arguments])
+        assert result.exit_code == 2 and (message or "the limit is 2,000") in result.output
+    assert not (tmp_path / "never.db").exists(), "nothing is created for a request refused"
+
+
+def test_help_names_values_not_python_types() -> None:
+    result = CliRunner().invoke(app, ["research", "--help"])
+    assert result.exit_code == 0 and "--deep" in result.output and "--quick" in result.output
+    assert "<str>" not in result.output and "<bool>" not in result.output and "YYYY-MM-DD" in result.output
+
+
+def test_runs_has_a_header_and_export_says_when_a_run_does_not_exist(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("DATABASE_URL", f"sqlite:///{tmp_path}/runs.db")
+    assert CliRunner().invoke(app, ["runs"]).output.strip() == "No runs yet."
+    missing = CliRunner().invoke(app, ["export", "9999"])
+    assert missing.exit_code == 1 and "Run 9999 does not exist" in missing.output
+
+
+def test_a_markdown_report_is_drawn_on_a_terminal_and_left_raw_in_a_pipe(monkeypatch, capsys) -> None:
+    import io
+
+    from bot.cli import _write_report
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr("sys.stdout", terminal)
+    _write_report("# Title\n\nSome **bold** text.", "md", None)
+    assert "**" not in terminal.getvalue() and "bold" in terminal.getvalue()
+    pipe = io.StringIO()
+    monkeypatch.setattr("sys.stdout", pipe)
+    _write_report("# Title\n\nSome **bold** text.", "md", None)
+    assert pipe.getvalue() == "# Title\n\nSome **bold** text.\n"

@@ -43,3 +43,24 @@ def test_env_example_lists_every_setting() -> None:
     listed = {line.split("=", 1)[0].strip("# ").strip() for line in (ROOT / ".env.example").read_text().splitlines() if "=" in line}
     expected = {name.upper() for name in Settings.model_fields}
     assert expected <= listed, f"missing from .env.example: {sorted(expected - listed)}"
+
+
+def test_a_platform_service_without_its_token_stops_once_instead_of_restarting(monkeypatch) -> None:
+    from typer.testing import CliRunner
+
+    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    for name in ("slack", "discord"):
+        assert "--if-configured" in services[name]["command"] and services[name]["restart"] == "on-failure", name
+        monkeypatch.setenv(f"{name.upper()}_BOT_TOKEN", "")
+        result = CliRunner().invoke(app, services[name]["command"][1:])
+        assert result.exit_code == 0 and f"{name.upper()}_BOT_TOKEN is not set" in result.output, name
+
+
+def test_the_slack_service_is_health_checked_on_its_healthz() -> None:
+    slack = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["slack"]
+    assert "/healthz" in " ".join(slack["healthcheck"]["test"])
+
+
+def test_the_manifest_asks_only_for_scopes_the_code_uses() -> None:
+    manifest = yaml.safe_load((ROOT / "slack" / "manifest.yml").read_text())
+    assert "users:read" not in manifest["oauth_config"]["scopes"]["bot"]

@@ -116,3 +116,15 @@ def test_doctor_command_exits_non_zero_when_required_part_is_missing(monkeypatch
     assert result.exit_code == 1
     assert "LLM_MODEL is not set" in result.output
     assert "sk-do-not-print" not in result.output
+
+
+def test_the_keyless_fallback_is_tried_not_assumed(monkeypatch: pytest.MonkeyPatch) -> None:
+    def offline(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "html.duckduckgo.com":
+            raise httpx.ConnectError("no route", request=request)
+        return fake_services(request)
+
+    reachable = {check.component: check for check in checks_with(monkeypatch, {"LLM_MODEL": "m"})}
+    assert reachable["search: duckduckgo"].status == "ok" and "reachable" in reachable["search: duckduckgo"].detail
+    down = {check.component: check for check in checks_with(monkeypatch, {"LLM_MODEL": "m"}, offline)}
+    assert down["search: duckduckgo"].status == "error" and not down["search: duckduckgo"].failed

@@ -1,0 +1,99 @@
+"""`deepthread up`'s children: their own process group, restarted when they die, stopped whole."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from bot.supervisor import Child, Supervisor
+
+
+def python(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+def wait_until(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met"
+        time.sleep(0.02)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_child_that_dies_is_started_again_with_a_growing_pause(tmp_path: Path) -> None:
+    child = Child("worker", log_path=tmp_path / "worker.log", argv=python("print('started', flush=True)"), pause=0.01, first_pause=0.01)
+    supervisor = Supervisor([child], check_every=3600)  # the test drives the checks itself
+    child.start()
+    child.process.wait()
+    assert supervisor.restart_if_dead(child)
+    child.process.wait()
+    assert supervisor.restart_if_dead(child)
+    assert child.restarts == 2 and child.pause == 0.04
+    child.process.wait()
+    assert (tmp_path / "worker.log").read_text().count("started") == 3, "every run appends to the same log"
+    supervisor.stop()
+
+
+def test_a_child_that_keeps_running_is_left_alone() -> None:
+    child = Child("worker", argv=python("import time; time.sleep(30)"))
+    supervisor = Supervisor([child], check_every=3600)
+    child.start()
+    assert not supervisor.restart_if_dead(child) and child.restarts == 0
+    supervisor.stop()
+    assert child.process.returncode is not None
+
+
+def test_stop_ends_the_child_s_whole_process_group(tmp_path: Path) -> None:
+    grandchild = tmp_path / "grandchild.pid"
+    code = ("import subprocess, sys, time; "
+            f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+            f"open({str(grandchild)!r}, 'w').write(str(p.pid)); time.sleep(60)")
+    child = Child("worker", argv=python(code))
+    supervisor = Supervisor([child], check_every=3600).start()
+    wait_until(lambda: grandchild.exists() and grandchild.read_text())
+    pid = int(grandchild.read_text())
+    supervisor.stop()
+    wait_until(lambda: not alive(pid) or _is_zombie(pid))
+
+
+def test_a_child_does_not_get_the_terminal_s_ctrl_c() -> None:
+    child = Child("worker", argv=python("import time; time.sleep(60)"))
+    child.start()
+    try:
+        assert os.getpgid(child.process.pid) != os.getpgid(0), "its own process group"
+        assert child.alive
+    finally:
+        child.stop()
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split()[2] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_sigterm_is_what_asks_a_child_to_stop(tmp_path: Path) -> None:
+    marker = tmp_path / "stopped"
+    code = ("import signal, sys, time\n"
+            "def stop(*_):\n"
+            f"    open({str(marker)!r}, 'w').write('clean'); sys.exit(0)\n"
+            "signal.signal(signal.SIGTERM, stop)\n"
+            "print('ready', flush=True)\n"
+            "time.sleep(60)\n")
+    child = Child("worker", log_path=tmp_path / "log", argv=python(code))
+    child.start()
+    wait_until(lambda: "ready" in (tmp_path / "log").read_text())
+    child.stop()
+    assert marker.read_text() == "clean" and child.process.returncode == 0
