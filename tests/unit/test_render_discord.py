@@ -24,7 +24,7 @@ from chat.discord.render import (
 )
 from chat.message import Content
 from chat.state import PhaseLine, initial_progress
-from chat.text import markdown_paragraphs
+from chat.text import markdown_paragraphs, title_and_body
 from research.report import Report, ReportSource, render_markdown
 
 REQUESTER = "discord:123456789012345678"
@@ -69,7 +69,8 @@ def test_any_report_renders_within_discord_limits_and_concatenates_back_to_the_w
     delivery = DiscordRenderer().report(report_with(body), requester=REQUESTER, run_id=5)
     for content in delivery.messages:
         assert_within_discord_limits(content)
-    converted = "\n\n".join(paragraph_to_discord(piece) for piece in markdown_paragraphs(body))
+    _, rest = title_and_body(report_with(body))  # a leading `# ` line is the title, shown escaped
+    converted = "\n\n".join(paragraph_to_discord(piece) for piece in markdown_paragraphs(rest))
     if delivery.file is None:
         joined = "\n\n".join(content.text for content in delivery.messages)
         assert squash(converted) in squash(joined)
