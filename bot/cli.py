@@ -46,6 +46,9 @@ def configure_logging(settings: Settings, *, path: Path | None = None) -> None:
     handler.setFormatter(JsonLogFormatter() if settings.log_format == "json"
                          else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=settings.log_level, handlers=[handler], force=True)
+    # httpx logs every request's URL at INFO, and a search URL carries the user's question.
+    for chatty in ("httpx", "httpcore"):
+        logging.getLogger(chatty).setLevel(max(logging.WARNING, logging.getLevelName(settings.log_level)))
 
 
 def platform_bundles() -> list[PlatformBundle]:

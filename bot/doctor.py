@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from typing import Literal
 
@@ -40,12 +41,15 @@ def describe_http_error(error: Exception) -> str:
     return type(error).__name__
 
 
+_URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)[^/@\s]+@", re.IGNORECASE)
+
+
 def _redact(settings: Settings, message: str) -> str:
-    """Remove every secret value from a message (errors can echo URLs or headers)."""
+    """Remove every secret value from a message (errors can echo URLs or headers), and any `user:password@` of a URL."""
     for name, value in settings:
         if hasattr(value, "get_secret_value") and value.get_secret_value():
             message = message.replace(value.get_secret_value(), "***")
-    return message
+    return _URL_CREDENTIALS.sub(r"\g<scheme>***@", message)
 
 
 def check_database(settings: Settings) -> Check:

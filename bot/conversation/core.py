@@ -236,6 +236,10 @@ class ConversationCore:
             if last is not None and last.mode == "plan" and last.state == "done" and commands.is_approval(text):
                 return await self._run_plan(event, last)
             if last is not None and last.mode == "plan" and last.state == "done":
+                if not self._may_approve(event.user, last):
+                    # A revision would make its author the new plan's requester, free to approve it.
+                    return Outcome(replies=[Reply(private=True, text="Only the person who asked for this plan (or "
+                                                                      "an admin) can revise or approve it.")])
                 return await self._revise_plan(event, last, text)
             if last is not None and commands.is_retry(text) and last.state in TERMINAL_STATES:
                 return await self._retry(event, last)
@@ -327,6 +331,13 @@ class ConversationCore:
             return await self._run_plan(event, run)
         return Outcome()
 
+    def _is_in(self, run: Run, event: ChatEvent) -> bool:
+        """Whether `run` lives in the platform, workspace and channel the event came from."""
+        with self.sessions() as session:
+            conversation = session.get(Conversation, run.conversation_id)
+            return (conversation.platform, conversation.workspace, conversation.channel) == (
+                event.platform, event.workspace, event.channel)
+
     def _thread_id(self, run: Run) -> str:
         """The thread a run lives in."""
         with self.sessions() as session:
@@ -345,6 +356,8 @@ class ConversationCore:
             run = await asyncio.to_thread(self._load_run, event.action_run_id)
         if run is None:
             return Outcome(replies=[Reply(text="That run no longer exists.", private=True)])
+        if not await asyncio.to_thread(self._is_in, run, event):
+            return Outcome(replies=[Reply(text="That button belongs to a run in another conversation.", private=True)])
         if event.action == "export":
             return await self._export(event, run)
         if event.action == "cancel":

@@ -96,3 +96,21 @@ def test_a_markdown_report_is_drawn_on_a_terminal_and_left_raw_in_a_pipe(monkeyp
     monkeypatch.setattr("sys.stdout", pipe)
     _write_report("# Title\n\nSome **bold** text.", "md", None)
     assert pipe.getvalue() == "# Title\n\nSome **bold** text.\n"
+
+
+def test_request_urls_are_not_logged_at_info(tmp_path) -> None:
+    import logging
+
+    from bot.cli import configure_logging
+    from config import load_settings
+
+    root, httpx_logger = logging.getLogger(), logging.getLogger("httpx")
+    saved_handlers, saved_level, saved_httpx_level = root.handlers[:], root.level, httpx_logger.level
+    try:
+        configure_logging(load_settings(log_level="INFO"), path=tmp_path / "log")
+        assert not httpx_logger.isEnabledFor(logging.INFO)
+        assert logging.getLogger("deepthread").isEnabledFor(logging.INFO)
+    finally:
+        root.handlers[:] = saved_handlers
+        root.setLevel(saved_level)
+        httpx_logger.setLevel(saved_httpx_level)

@@ -343,3 +343,20 @@ def test_two_events_at_once_start_only_one_run_in_a_thread(tmp_path) -> None:
     outcomes = asyncio.run(both())
     assert sum(outcome.run_id is not None for outcome in outcomes) == 1
     assert sum(bool(outcome.replies) for outcome in outcomes) == 1
+
+
+def test_someone_else_cannot_revise_a_plan_to_make_it_theirs_and_approve_it(world: World) -> None:
+    plan_id, thread = plan_thread(world)
+    hijack = world.handle(kind="message", text="also cover wave power", user=BOB, thread=thread, message_id="z1")
+    assert hijack.run_id is None and hijack.replies[0].private and "Only the person" in hijack.replies[0].text
+    refused = world.handle(kind="message", text="go", user=BOB, thread=thread, message_id="z2")
+    assert refused.run_id is None
+
+
+def test_a_button_acts_only_on_a_run_of_the_channel_it_was_clicked_in(world: World) -> None:
+    outcome = research(world)
+    world.finish(outcome.run_id, state="failed")
+    elsewhere = world.handle(kind="action", action="retry", action_run_id=outcome.run_id, channel="C2")
+    assert elsewhere.run_id is None and "another conversation" in elsewhere.replies[0].text
+    here = world.handle(kind="action", action="retry", action_run_id=outcome.run_id, channel="C1")
+    assert here.run_id is not None

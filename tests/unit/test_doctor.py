@@ -128,3 +128,11 @@ def test_the_keyless_fallback_is_tried_not_assumed(monkeypatch: pytest.MonkeyPat
     assert reachable["search: duckduckgo"].status == "ok" and "reachable" in reachable["search: duckduckgo"].detail
     down = {check.component: check for check in checks_with(monkeypatch, {"LLM_MODEL": "m"}, offline)}
     assert down["search: duckduckgo"].status == "error" and not down["search: duckduckgo"].failed
+
+
+def test_a_password_inside_a_url_is_never_printed(monkeypatch: pytest.MonkeyPatch) -> None:
+    checks = checks_with(monkeypatch, {"LLM_MODEL": "m", "LLM_BASE_URL": "https://alice:hunter2@llm.example/v1",
+                                       "SEARXNG_URL": "https://bob:s3cret@searx.example"})
+    printed = format_checks(checks)
+    assert "hunter2" not in printed and "s3cret" not in printed and "alice" not in printed
+    assert "https://***@llm.example/v1" in printed
