@@ -76,7 +76,26 @@ def reap(sessions: sessionmaker[Session], send_task: SendTask, now: dt.datetime 
                 resubmitted.append((run.id, run.mode, run.celery_task_id))
     for run_id, mode, task_id in resubmitted:
         send_task(TASK_BY_MODE[mode], run_id, task_id)
+    end_orphaned_runs(sessions, now)
     return [run_id for run_id, _, _ in resubmitted]
+
+
+ORPHANED = ("The process running this stopped before it finished (a `deepthread research` that was killed); "
+            "what it found is kept.")
+
+
+def end_orphaned_runs(sessions: sessionmaker[Session], now: dt.datetime | None = None) -> list[int]:
+    """End as failed the running runs no task can take over (started in a terminal, not by a worker) whose
+    process stopped renewing the lease; returns their ids."""
+    with sessions.begin() as session:
+        now = now or database_now(session)
+        orphaned = list(session.scalars(
+            select(Run.id).where(Run.state == "running", Run.celery_task_id.is_(None),
+                                 Run.lease_until.is_not(None), Run.lease_until < now)))
+        if orphaned:
+            session.execute(update(Run).where(Run.id.in_(orphaned), Run.lease_until < now)
+                            .values(state="failed", error=ORPHANED, finished_at=now, lease_owner=None, lease_until=None))
+    return orphaned
 
 
 MAX_ATTEMPTS = 3

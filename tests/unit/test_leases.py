@@ -24,8 +24,9 @@ def queued_run(sessions: sessionmaker[Session], **fields) -> int:
     with sessions.begin() as session:
         conversation = Conversation(platform="slack", workspace="T1", channel="C1", thread=f"{len(fields)}.{id(fields)}",
                                     created_by="slack:U1")
+        admitted = {"celery_task_id": "task-1", "lease_owner": ADMITTED, "lease_until": NOW + dt.timedelta(seconds=120)}
         run = Run(conversation=conversation, workspace="T1", mode="research", question="q", requested_by="slack:U1",
-                  celery_task_id="task-1", lease_owner=ADMITTED, lease_until=NOW + dt.timedelta(seconds=120), **fields)
+                  **{**admitted, **fields})
         session.add(run)
         session.flush()
         return run.id
@@ -94,3 +95,13 @@ def test_a_finished_run_whose_delivery_never_completed_is_claimed_once(session_f
     with session_factory.begin() as session:
         session.get(Run, run_id).delivered_at = NOW
     assert claim_undelivered(session_factory, ["slack"], 30, now=NOW + dt.timedelta(minutes=5)) == []
+
+
+def test_a_terminal_run_whose_process_died_ends_failed_with_the_reason(session_factory) -> None:
+    run_id = queued_run(session_factory, celery_task_id=None, lease_owner=None, lease_until=None)
+    assert take_lease(session_factory, run_id, "cli-process", 30, now=NOW) == 1
+    assert reap(session_factory, lambda *args: None, now=NOW + dt.timedelta(seconds=10)) == []
+    assert get(session_factory, run_id).state == "running", "a live lease is left alone"
+    reap(session_factory, lambda *args: None, now=NOW + dt.timedelta(seconds=31))
+    run = get(session_factory, run_id)
+    assert run.state == "failed" and "stopped before it finished" in run.error and run.finished_at is not None
