@@ -85,6 +85,7 @@ class Settings(BaseSettings):
     status_edits_per_minute: int = Field(default=40, gt=0)
     max_runs_per_user: int = Field(default=1, gt=0)
     max_runs_per_workspace: int = Field(default=10, gt=0)
+    max_queued_per_user: int = Field(default=3, gt=0)
     admin_user_ids: CommaList = Field(default_factory=list)
 
     slack_bot_token: SecretStr | None = None

@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -24,7 +24,7 @@ from chat.render import PERSON, PlatformRenderer
 from chat.state import initial_progress
 from research.report import Report, render_markdown
 from storage.models import TERMINAL_STATES, Conversation, Message, Run
-from worker.queue import Queue
+from worker.queue import Queue, waiting
 
 logger = logging.getLogger(__name__)
 
@@ -36,14 +36,16 @@ COMMAND_MODES: dict[str, Mode] = {"research": "research", "plan": "plan", "ask":
 
 @dataclass(frozen=True)
 class CoreSettings:
-    """The settings the core reads: who may cancel any run, and which reactions cancel."""
+    """The settings the core reads: who may cancel any run, which reactions cancel, how many runs may wait."""
 
     admins: frozenset[str] = frozenset()
     cancel_emoji: frozenset[str] = frozenset({"x", "octagonal_sign", "❌", "🛑"})
+    max_queued_per_user: int = 3
 
     @classmethod
     def from_settings(cls, settings: Any) -> "CoreSettings":
-        return cls(admins=frozenset(settings.admin_user_ids), cancel_emoji=frozenset(settings.cancel_emoji))
+        return cls(admins=frozenset(settings.admin_user_ids), cancel_emoji=frozenset(settings.cancel_emoji),
+                   max_queued_per_user=settings.max_queued_per_user)
 
 
 def busy_reply(run: Run) -> Reply:
@@ -118,6 +120,8 @@ class ConversationCore:
             request = commands.parse_request(text, default_mode)
         except UsageProblem as problem:
             return Outcome(replies=[Reply(text=str(problem), private=True)])
+        if (refusal := await asyncio.to_thread(self._queue_full, event.user)) is not None:
+            return Outcome(replies=[refusal])
         if event.kind == "command" and event.thread is None:
             # A command in a channel opens a thread of its own, with the run's status message in place at once.
             waiting = initial_progress(run_id=0, mode=request.mode, question=request.question, requested_by=event.user)
@@ -140,6 +144,8 @@ class ConversationCore:
                      history: list[tuple[str, str, bool]] | None = None, extra_options: dict[str, Any] | None = None,
                      mode: str | None = None, status: MessageRef | None = None) -> Outcome:
         """Store the run, post its status message in the thread (unless the thread opened with it), then submit it."""
+        if status is None and (refusal := await asyncio.to_thread(self._queue_full, event.user)) is not None:
+            return Outcome(replies=[refusal], thread=thread)
         run_mode = mode or request.mode
         try:
             run_id = await asyncio.to_thread(self._store_run, event, thread, request, run_mode, plan, history or [],
@@ -183,6 +189,17 @@ class ConversationCore:
             stored.status_message = status.model_dump(mode="json")
             stored.status_message_id = status.message_id
         return self.queue.submit(run_id)
+
+    def _queue_full(self, user: str) -> Reply | None:
+        """The refusal for a person who already has MAX_QUEUED_PER_USER runs waiting, else None."""
+        with self.sessions() as session:
+            waiting_runs = session.scalar(select(func.count()).select_from(Run).where(
+                Run.requested_by == user, waiting()))
+        limit = self.settings.max_queued_per_user
+        if waiting_runs < limit:
+            return None
+        return Reply(private=True, text=f"You already have {waiting_runs} runs waiting in the queue (the limit is "
+                                        f"{limit}). They start as earlier ones finish; cancel one to ask something new.")
 
     def _load_run(self, run_id: int | None) -> Run | None:
         if run_id is None:

@@ -360,3 +360,14 @@ def test_a_button_acts_only_on_a_run_of_the_channel_it_was_clicked_in(world: Wor
     assert elsewhere.run_id is None and "another conversation" in elsewhere.replies[0].text
     here = world.handle(kind="action", action="retry", action_run_id=outcome.run_id, channel="C1")
     assert here.run_id is not None
+
+
+def test_a_person_with_the_most_runs_waiting_is_refused_in_plain_words_and_nothing_is_posted(world: World) -> None:
+    first = research(world, "Why is the sea salty?")  # runs: one per person at a time
+    waiting_runs = [research(world, f"Question number {index}?") for index in range(3)]
+    assert first.run_id and all(outcome.run_id for outcome in waiting_runs)
+    posts = len(world.messenger.posts)
+    refused = research(world, "One more question?")
+    assert refused.run_id is None and refused.replies[0].private and "3 runs waiting" in refused.replies[0].text
+    assert len(world.messenger.posts) == posts, "no thread or status message for a refused run"
+    assert research(world, "Bob may still ask?", user=BOB).run_id is not None
