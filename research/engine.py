@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import math
 import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -60,11 +61,87 @@ from research.plan import ResearchPlan, plan_as_decomposition, render_plan_markd
 from research.prompts import system_prompt
 from research.rank import rank_passages_for_queries
 from research.providers import NoSearchProviderError, SearchConfig, SearchRouter, build_router
-from research.report import Report, UsageSummary, split_title
+from research.report import AuditFigures, Report, ReportSource, UsageSummary, split_title, unfinished_title
 from research.untrusted import fence_passages, fence_untrusted
 
 logger = logging.getLogger(__name__)
 
+NO_SOURCES_NOTICE = "No sources could be found for this question, so there is nothing to report yet."
+# Each phase's share of the progress bar, in percent and in run order. A gathering phase's share is
+# spread over the rounds; synthesis with a real model is the slowest phase, so it has the largest.
+PROGRESS_WEIGHTS: dict[Phase, float] = {
+    "decompose": 5, "search": 8, "fetch": 16, "read": 8, "gap_check": 8, "synthesize": 45, "verify": 10,
+}
+ROUND_PHASES: tuple[Phase, ...] = ("search", "fetch", "read", "gap_check")
+# Synthesis progress follows 1 - e^(-t/τ): about two thirds of its share after τ seconds, never all of it.
+SYNTHESIS_TIME_CONSTANT = 30.0
+PROGRESS_INTERVAL = 1.0
+# A run can fail to fetch dozens of pages; the unfinished report names the first few.
+NOT_READ_LISTED = 10
+
+
+def phase_progress(phase: Phase, done: float = 1.0, *, round_number: int = 1, rounds: int = 1) -> float:
+    """The percent once `done` (0 to 1) of `phase` is behind the run; a gathering phase in round `round_number` of `rounds`."""
+    names = list(PROGRESS_WEIGHTS)
+    before = sum(PROGRESS_WEIGHTS[name] for name in names[:names.index(phase)])
+    if phase not in ROUND_PHASES:
+        return before + PROGRESS_WEIGHTS[phase] * done
+    rounds = max(rounds, 1)
+    round_number = min(max(round_number, 1), rounds)
+    gathering_start = sum(PROGRESS_WEIGHTS[name] for name in names[:names.index(ROUND_PHASES[0])])
+    round_weight = sum(PROGRESS_WEIGHTS[name] for name in ROUND_PHASES)
+    within_round = before - gathering_start + PROGRESS_WEIGHTS[phase] * done
+    return gathering_start + (round_weight * (round_number - 1) + within_round) / rounds
+
+
+def synthesis_progress(seconds: float) -> float:
+    """The percent `seconds` into synthesis: quick at first, then slower, and never the end of the phase."""
+    share = 1.0 - math.exp(-max(seconds, 0.0) / SYNTHESIS_TIME_CONSTANT)
+    # Percents are reported to a tenth: stop a tenth short, so that only the phase's end shows its end.
+    return min(phase_progress("synthesize", share), phase_progress("synthesize") - 0.1)
+
+
+class ProgressMeter:
+    """Reports the run's percent as `Progress` events: never backwards, and ticking on its own through a long phase."""
+
+    def __init__(
+        self,
+        sink: Emit,
+        counts: Callable[[], dict[str, int]],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.sink = sink
+        self.counts = counts
+        self.clock = clock
+        self.sleep = sleep
+        self.percent = 0.0
+
+    async def reach(self, percent: float) -> None:
+        """Report `percent` (to a tenth, at most 100) if it is ahead of the last one reported."""
+        rounded = round(min(percent, 100.0), 1)
+        if rounded <= self.percent:
+            return
+        self.percent = rounded
+        await self.sink(Progress(counts=self.counts(), percent=rounded))
+
+    @asynccontextmanager
+    async def ticking(self, percent_at: Callable[[float], float], interval: float = PROGRESS_INTERVAL) -> AsyncIterator[None]:
+        """Report `percent_at(seconds since the block began)` every `interval` seconds until the block ends."""
+        started = self.clock()
+
+        async def tick() -> None:
+            while True:
+                await self.sleep(interval)
+                await self.reach(percent_at(self.clock() - started))
+
+        ticker = asyncio.create_task(tick())
+        try:
+            yield
+        finally:
+            ticker.cancel()
+            await asyncio.gather(ticker, return_exceptions=True)
 
 
 @dataclass
@@ -89,6 +166,7 @@ class ResearchTools:
 class ResearchState:
     """Everything a run has gathered so far; the caller keeps it whatever way the run ends."""
 
+    question: str = ""
     plan: Decomposition | None = None
     plan_fell_back: bool = False
     sources: dict[str, SearchResult] = field(default_factory=dict)
@@ -139,13 +217,16 @@ class ResearchState:
 class _Run:
     """One call of an entry point: its events, cancel token, state and phase timing."""
 
-    def __init__(self, events: Emit, cancel: CancelToken | None, state: ResearchState | None, first_seq: int) -> None:
+    def __init__(self, question: str, events: Emit, cancel: CancelToken | None, state: ResearchState | None,
+                 first_seq: int) -> None:
         self.sink = EventSink(events, first_seq=first_seq)
         self.cancel = cancel or CancelToken()
         self.state = state or ResearchState()
+        self.state.question = question
+        self.meter = ProgressMeter(self.sink, lambda: self.state.counts)
 
     async def progress(self, percent: float) -> None:
-        await self.sink(Progress(counts=self.state.counts, percent=round(min(percent, 100.0), 1)))
+        await self.meter.reach(percent)
 
     @asynccontextmanager
     async def phase(self, name: Phase) -> AsyncIterator[None]:
@@ -219,26 +300,62 @@ def cut_off_reason(llm: LLMClient) -> str:
 
 
 def unfinished_report(state: ResearchState, *, reason: str, stopped_by_user: bool = False) -> Report:
-    """The report of a run that did not finish: the audited draft if one was written, else what was found."""
-    found = [source for source in state.sources.values()]
+    """The report of a run that did not finish: the audited draft if one was written, else the pages it had read."""
     if state.audit is not None and state.audit.body_markdown.strip():
-        body = state.audit.body_markdown
+        own_title, body = split_title(state.audit.body_markdown)
+        title = own_title or state.question or unfinished_title(state.question, stopped_by_user=stopped_by_user)
         sources, cited, audit = state.audit.sources, state.audit.cited_passages, state.audit.audit
     else:
-        from research.report import AuditFigures
-
-        audit = AuditFigures()
-        lines = [f"The run ended before the report was written ({reason})."]
-        if found:
-            lines.append(f"These {len(found)} sources had been found:")
-            lines.extend(f"- [{source.title or source.url}]({source.url})" for source in found)
-        body = "\n".join(lines)
-        sources, cited = [], []
+        title = unfinished_title(state.question, stopped_by_user=stopped_by_user)
+        sources, cited, audit = _read_sources(state), [], AuditFigures()
+        body = _unwritten_body(state, reason, stopped_by_user=stopped_by_user, pages_read=len(sources))
     return Report(
-        question="", title="Research stopped" if stopped_by_user else "Research incomplete", body_markdown=body, sources=sources, cited_passages=cited,
+        question=state.question, title=title, body_markdown=body, sources=sources, cited_passages=cited,
         audit=audit, usage=state.usage_summary(), phase_seconds=state.phase_seconds,
         partial=True, partial_reason=reason, skipped_providers=state.skipped_providers, stopped_by_user=stopped_by_user,
     )
+
+
+def _source_order(source_id: str) -> int:
+    return int(source_id[1:]) if source_id[1:].isdigit() else 0
+
+
+def _read_sources(state: ResearchState) -> list[ReportSource]:
+    """The sources whose pages were read, numbered in the order they were found."""
+    read = [(source_id, state.sources[source_id]) for source_id in sorted(state.documents, key=_source_order)
+            if source_id in state.sources]
+    return [
+        ReportSource(number=number, source_id=source_id, url=source.url, provider=source.provider,
+                     title=source.title or state.documents[source_id].title or source.url)
+        for number, (source_id, source) in enumerate(read, start=1)
+    ]
+
+
+def _unwritten_body(state: ResearchState, reason: str, *, stopped_by_user: bool, pages_read: int) -> str:
+    """What a run that wrote no report says instead: why, what it read, and which pages it could not read."""
+    lines = ["The research was stopped before the report was written." if stopped_by_user
+             else f"The run ended before the report was written ({reason})."]
+    if pages_read:
+        lines.append("This source had been found and read; it is listed below." if pages_read == 1
+                     else f"These {pages_read} sources had been found and read; they are listed below.")
+    not_read = [(state.sources[source_id].url, _why_not_read(result))
+                for source_id, result in sorted(state.fetches.items(), key=lambda item: _source_order(item[0]))
+                if source_id not in state.documents and source_id in state.sources]
+    if not_read:
+        listed = "; ".join(f"{url} ({why})" for url, why in not_read[:NOT_READ_LISTED])
+        more = f"; and {len(not_read) - NOT_READ_LISTED} more" if len(not_read) > NOT_READ_LISTED else ""
+        lines.append(f"Not read: {listed}{more}.")
+    unfetched = len(set(state.sources) - set(state.fetches))
+    if unfetched:
+        lines.append(f"{unfetched} more search {'result was' if unfetched == 1 else 'results were'} not fetched yet.")
+    return "\n\n".join(lines)
+
+
+def _why_not_read(result: FetchResult) -> str:
+    if not result.ok:
+        return " ".join((result.reason or result.status).split())
+    # A page is emptied once read, so a body still there was fetched but not read yet.
+    return "not read before the run ended" if result.body else "no readable text"
 
 
 async def research(
@@ -254,7 +371,7 @@ async def research(
     first_seq: int = 1,
 ) -> Report | None:
     """Research `question` and return the audited report (None after an error event)."""
-    run = _Run(events, cancel, state, first_seq)
+    run = _Run(question, events, cancel, state, first_seq)
     return await run.finish(lambda: _research(run, question, plan, context, options, tools))
 
 
@@ -289,7 +406,7 @@ async def _research(run: _Run, question: str, plan: Any, context: str | None,
             for url in decompose_phase.priority_urls(question):
                 source = router.registry.add(SearchResult(provider="user", title=url, url=url))
                 state.sources[source.id] = source
-        await run.progress(10)
+        await run.progress(phase_progress("decompose"))
 
         try:
             async with asyncio.timeout(max(0.0, budget.gathering_seconds_left)):
@@ -300,26 +417,32 @@ async def _research(run: _Run, question: str, plan: Any, context: str | None,
         if not state.passages:
             state.passages = read_phase.snippet_passages(list(state.sources.values()))
 
+        await run.progress(phase_progress("synthesize", 0.0))
         async with run.phase("synthesize"):
             selected = read_phase.select_for_synthesis(state.plan, state.passages, options)
             if selected:
-                written = await synthesize_phase.synthesize(question, state.plan, selected, titles=state.titles(),
-                                                            llm=llm, today=today, context=context)
+                async with run.meter.ticking(synthesis_progress):
+                    written = await synthesize_phase.synthesize(question, state.plan, selected, titles=state.titles(),
+                                                                llm=llm, today=today, context=context)
                 state.draft = written.text
                 if written.cut_off:
                     state.partial_reason = state.partial_reason or cut_off_reason(llm)
             else:
-                state.draft = "No sources could be found for this question, so there is nothing to report yet."
-        await run.progress(90)
+                state.draft = NO_SOURCES_NOTICE
+        await run.progress(phase_progress("synthesize"))
 
-        async with run.phase("verify"):
-            state.audit = await verify_phase.verify_draft(
-                state.draft,
-                passages={passage.id: passage for passage in (selected or [])},
-                sources=state.sources,
-                judge=_citation_judge(llm, today),
-                may_use_llm=lambda: budget.tokens_used() < options.max_llm_tokens,
-            )
+        if selected:
+            async with run.phase("verify"):
+                state.audit = await verify_phase.verify_draft(
+                    state.draft,
+                    passages={passage.id: passage for passage in selected},
+                    sources=state.sources,
+                    judge=_citation_judge(llm, today),
+                    may_use_llm=lambda: budget.tokens_used() < options.max_llm_tokens,
+                )
+        else:
+            # The engine's own notice cites nothing and claims nothing: auditing it could only mark it unverified.
+            state.audit = verify_phase.AuditResult(body_markdown=state.draft)
     finally:
         state.search_calls = router.calls
         state.skipped_providers = router.skipped
@@ -327,7 +450,7 @@ async def _research(run: _Run, question: str, plan: Any, context: str | None,
 
     if not state.audit.body_markdown.strip():
         state.partial_reason = state.partial_reason or "the model returned no report text"
-        return unfinished_report(state, reason=state.partial_reason).model_copy(update={"question": question})
+        return unfinished_report(state, reason=state.partial_reason)
     title, body = split_title(state.audit.body_markdown)
     return Report(
         question=question, title=title or question, body_markdown=body, sources=state.audit.sources,
@@ -355,7 +478,7 @@ async def _gather(run: _Run, question: str, options: ResearchOptions, budget: Bu
             async with run.phase("search"):
                 for source in await search_phase.search(queries, router=router):
                     state.sources.setdefault(source.id, source)
-            await run.progress(10 + 60 * (round_number - 0.7) / options.max_rounds)
+            await run.progress(phase_progress("search", round_number=round_number, rounds=options.max_rounds))
 
         chosen = fetch_phase.choose_sources(list(state.sources.values()), already_fetched=set(state.fetches),
                                             limit=options.max_sources - len(state.fetches))
@@ -367,10 +490,10 @@ async def _gather(run: _Run, question: str, options: ResearchOptions, budget: Bu
                         await run.sink(Warning_(phase="fetch", message=f"Skipped {source.url}: {result.reason}",
                                                 detail={"source_id": source.id, "status": result.status}))
                 await fetch_phase.fetch_sources(chosen, fetcher=fetcher, on_fetched=on_fetched)
-            await run.progress(10 + 60 * (round_number - 0.4) / options.max_rounds)
+            await run.progress(phase_progress("fetch", round_number=round_number, rounds=options.max_rounds))
             async with run.phase("read"):
                 await _read_unread(run, tools)
-            await run.progress(10 + 60 * round_number / options.max_rounds)
+            await run.progress(phase_progress("read", round_number=round_number, rounds=options.max_rounds))
 
         if round_number == options.max_rounds or (reason := budget.overrun()) is not None:
             if round_number < options.max_rounds:
@@ -379,6 +502,7 @@ async def _gather(run: _Run, question: str, options: ResearchOptions, budget: Bu
         async with run.phase("gap_check"):
             texts = await gap_phase.check_gaps(question, state.plan, read_phase.select_for_synthesis(state.plan, state.passages, options),
                                                titles=state.titles(), llm=llm, today=today)
+        await run.progress(phase_progress("gap_check", round_number=round_number, rounds=options.max_rounds))
         if not texts:
             return
 
@@ -445,7 +569,7 @@ async def plan(
     first_seq: int = 1,
 ) -> Report | None:
     """A research plan for approval; built with no search or fetch capability at all."""
-    run = _Run(events, cancel, state, first_seq)
+    run = _Run(question, events, cancel, state, first_seq)
 
     async def work() -> Report:
         client = _llm_for_run(run, llm)
@@ -476,7 +600,7 @@ async def chat(
     first_seq: int = 1,
 ) -> Report | None:
     """A short conversational answer from the model alone (no tools), with the thread's history."""
-    run = _Run(events, cancel, state, first_seq)
+    run = _Run(question, events, cancel, state, first_seq)
 
     async def work() -> Report:
         client = _llm_for_run(run, llm)
@@ -507,7 +631,7 @@ async def answer_from_passages(
     first_seq: int = 1,
 ) -> Report | None:
     """A follow-up answered only from an earlier run's passages, audited like a report; no web access."""
-    run = _Run(events, cancel, state, first_seq)
+    run = _Run(question, events, cancel, state, first_seq)
     run.state.sources = dict(sources)
     run.state.passages = list(passages)
 

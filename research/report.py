@@ -15,6 +15,10 @@ from pydantic import BaseModel, Field, computed_field
 from research.llm import ModelUsage
 
 STOPPED_BY_USER_LINE = "[Research stopped by user]"
+STOPPED_TITLE = "Research stopped"
+INCOMPLETE_TITLE = "Research incomplete"
+# A title names its question, but a title is a line, not a paragraph.
+TITLE_QUESTION_CHARS = 80
 SNIPPET_LABEL = "search snippet"
 SEPARATOR = " · "
 # A plan or a chat answer cites nothing, so it has no audit line.
@@ -81,6 +85,7 @@ class UsageSummary(BaseModel):
 class Report(BaseModel):
     """A finished (or partial) report: body with `[n]` citations, sources, cited passages, audit and usage."""
 
+    run_id: int | None = None
     title: str
     question: str = ""
     mode: str = "research"
@@ -116,16 +121,50 @@ def split_title(markdown: str) -> tuple[str | None, str]:
     return None, markdown
 
 
+def shortened(text: str, limit: int) -> str:
+    """`text` on one line, cut at a word boundary to at most `limit` characters with "…" when it was longer."""
+    line = _single_line(text)
+    if len(line) <= limit:
+        return line
+    cut = line[:limit - 1]
+    if " " in cut:
+        cut = cut.rsplit(" ", 1)[0]
+    return cut.rstrip(" ,;:.-") + "…"
+
+
+def unfinished_title(question: str, *, stopped_by_user: bool) -> str:
+    """The title of a report that was never written, e.g. "Research stopped: Why is the sky blue?"."""
+    prefix = STOPPED_TITLE if stopped_by_user else INCOMPLETE_TITLE
+    return f"{prefix}: {shortened(question, TITLE_QUESTION_CHARS)}" if question.strip() else prefix
+
+
+def shown_title(report: Report) -> str:
+    """The title a reader sees: the body's own `# ` heading when it has one, else `report.title`."""
+    own_title, _ = split_title(report.body_markdown)
+    return _single_line(own_title or report.title)
+
+
+def stopped_line(report: Report) -> str | None:
+    """The "[Research stopped by user]" line under a stopped report, or None when its title already says so."""
+    if not report.stopped_by_user or shown_title(report).startswith(STOPPED_TITLE):
+        return None
+    return STOPPED_BY_USER_LINE
+
+
 def _plural(count: int, singular: str, plural: str | None = None) -> str:
     return f"{count:,} {singular if count == 1 else (plural or singular + 's')}"
 
 
 def audit_line(report: Report) -> str:
-    """The footer's audit line, e.g. "18 of 20 sentences verified · 1 citation removed · brave skipped: rate limited"."""
+    """The footer's audit line, e.g. "18 of 20 sentences verified · 1 citation removed · brave skipped: rate limited";
+    empty when nothing was audited and nothing skipped."""
     if report.mode in UNAUDITED_MODES:
         return ""
     audit = report.audit
-    parts = [f"{audit.sentences_verified:,} of {_plural(audit.sentences_total, 'sentence')} verified"]
+    parts: list[str] = []
+    # A report that audited no sentence (an engine notice, a stopped run) has no verified count to show.
+    if audit.sentences_total:
+        parts.append(f"{audit.sentences_verified:,} of {_plural(audit.sentences_total, 'sentence')} verified")
     if audit.citations_removed:
         parts.append(f"{_plural(audit.citations_removed, 'citation')} removed")
     if audit.fabricated_removed:
@@ -193,8 +232,8 @@ def render_markdown(report: Report) -> str:
         sections.append("## Sources\n\n" + "  \n".join(_markdown_source_line(source) for source in report.sources))
     footer = [line for line in (partial_notice(report), audit_line(report), usage_line(report)) if line]
     sections.append("---\n\n" + "  \n".join(footer))
-    if report.stopped_by_user:
-        sections.append(STOPPED_BY_USER_LINE)
+    if stopped := stopped_line(report):
+        sections.append(stopped)
     return "\n\n".join(sections) + "\n"
 
 
@@ -207,8 +246,12 @@ h1, h2, h3 { line-height: 1.25; }
 a { color: #0969da; }
 a.cite { text-decoration: none; font-size: 0.85em; vertical-align: super; }
 .question { color: #59636e; font-style: italic; }
+.sources { list-style: none; padding-left: 0; }
 .sources li { margin-bottom: 0.4rem; overflow-wrap: anywhere; }
 .sources .url, .sources .provider { color: #59636e; font-size: 0.9em; }
+.passages summary { cursor: pointer; color: #59636e; font-size: 0.9em; }
+.passages ul { list-style: disc; padding-left: 1.25rem; }
+.passages blockquote { margin: 0.25rem 0; font-size: 0.9em; }
 .snippet { background: #fff8c5; border-radius: 0.25rem; padding: 0 0.3rem; font-size: 0.85em; }
 .partial { background: #fff8c5; padding: 0.5rem 0.75rem; border-radius: 0.25rem; }
 footer { border-top: 1px solid #d1d9e0; margin-top: 2rem; padding-top: 0.75rem; color: #59636e; font-size: 0.9em; }
@@ -431,7 +474,19 @@ def markdown_to_html(markdown: str) -> str:
     return _HtmlBuilder().convert(markdown)
 
 
-def _html_source_item(source: ReportSource) -> str:
+def _html_cited_passages(passages: Sequence[CitedPassage]) -> str:
+    """A collapsed list of the passages the report cites from one source, so a reader can check the claims."""
+    if not passages:
+        return ""
+    items = "".join(
+        f"<li><blockquote>{_escape(_single_line(passage.text))}</blockquote>"
+        + (f' <span class="snippet">{SNIPPET_LABEL}</span>' if passage.is_snippet else "") + "</li>"
+        for passage in passages)
+    summary = "Cited passage" if len(passages) == 1 else f"{len(passages)} cited passages"
+    return f'<details class="passages"><summary>{summary}</summary><ul>{items}</ul></details>'
+
+
+def _html_source_item(source: ReportSource, passages: Sequence[CitedPassage]) -> str:
     title = _escape(_single_line(source.title) or source.url or source.source_id)
     url = safe_http_url(source.url)
     if url is not None:
@@ -442,7 +497,9 @@ def _html_source_item(source: ReportSource) -> str:
         parts.append(f'<span class="provider">via {_escape(source.provider)}</span>')
     if source.snippet_only:
         parts.append(f'<span class="snippet">{SNIPPET_LABEL}</span>')
-    return f'<li id="source-{source.number}" value="{source.number}">[{source.number}] ' + " ".join(parts) + "</li>"
+    # The list is not numbered by the browser: "[n]" is the number, as in the body's citations.
+    return (f'<li id="source-{source.number}"><span class="number">[{source.number}]</span> ' + " ".join(parts)
+            + _html_cited_passages(passages) + "</li>")
 
 
 def _html_footer(report: Report) -> str:
@@ -450,8 +507,8 @@ def _html_footer(report: Report) -> str:
     if audit_line(report):
         lines.append(f'<p class="audit">{_escape(audit_line(report))}</p>')
     lines.append(f'<p class="usage">{_escape(usage_line(report))}</p>')
-    if report.stopped_by_user:
-        lines.append(f'<p class="stopped"><strong>{_escape(STOPPED_BY_USER_LINE)}</strong></p>')
+    if stopped := stopped_line(report):
+        lines.append(f'<p class="stopped"><strong>{_escape(stopped)}</strong></p>')
     return "<footer>\n" + "\n".join(lines) + "\n</footer>"
 
 
@@ -474,12 +531,17 @@ def render_html(report: Report) -> str:
     ]
     if not has_own_title:
         parts.append(f"<h1>{title}</h1>")
-    if report.question:
-        parts.append(f'<p class="question">{_escape(_single_line(report.question))}</p>')
+    question = _single_line(report.question)
+    if question and question.casefold() != shown_title(report).casefold():
+        parts.append(f'<p class="question">{_escape(question)}</p>')
     parts.append(markdown_to_html(body))
     if report.sources:
         parts.append("<h2>Sources</h2>")
-        parts.append('<ol class="sources">' + "".join(_html_source_item(source) for source in report.sources) + "</ol>")
+        passages_by_number: dict[int, list[CitedPassage]] = {}
+        for passage in report.cited_passages:
+            passages_by_number.setdefault(passage.source_number, []).append(passage)
+        parts.append('<ul class="sources">' + "".join(
+            _html_source_item(source, passages_by_number.get(source.number, [])) for source in report.sources) + "</ul>")
     parts.append(_html_footer(report))
     parts.extend(["</article>", "</body>", "</html>"])
     return "\n".join(parts) + "\n"
@@ -488,7 +550,7 @@ def render_html(report: Report) -> str:
 # --- JSON ----------------------------------------------------------------------------------------
 
 def render_json(report: Report) -> str:
-    """The whole report as JSON, cited passages, audit and usage included."""
+    """The whole report as JSON: run id (when known), cited passages, audit and usage included."""
     return report.model_dump_json(indent=2)
 
 

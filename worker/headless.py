@@ -35,6 +35,7 @@ def export_run(sessions: sessionmaker[Session], run_id: int, output_format: str)
         if run.report_json is None:
             return None
         report = Report.model_validate(run.report_json)
+        report.run_id = run_id
     renderers = {"md": render_markdown, "html": render_html, "json": render_json}
     return renderers[output_format](report)
 

@@ -35,7 +35,7 @@ from chat.text import (
     title_and_body,
     unchanged,
 )
-from research.report import SNIPPET_LABEL, STOPPED_BY_USER_LINE, Report, ReportSource, render_markdown, safe_http_url
+from research.report import SNIPPET_LABEL, Report, ReportSource, render_markdown, safe_http_url, stopped_line
 
 CONTENT_LIMIT = 2_000
 EMBED_DESCRIPTION_LIMIT = 4_096
@@ -181,8 +181,8 @@ def report_pieces(report: Report) -> list[str]:
                                   CONTENT_LIMIT, joiner="\n"))
     footer = [f"-# {escape_text(line)}" for line in footer_lines(report)]
     pieces.extend(pack_pieces(footer, CONTENT_LIMIT, joiner="\n"))
-    if report.stopped_by_user:
-        pieces.append(f"**{escape_text(STOPPED_BY_USER_LINE)}**")
+    if stopped := stopped_line(report):
+        pieces.append(f"**{escape_text(stopped)}**")
     return pieces
 
 
@@ -249,8 +249,8 @@ class DiscordRenderer:
                  f"The report is too long for Discord messages, so the full text is in `{REPORT_FILENAME}` below "
                  f"({len(report.sources)} sources)."]
         lines.extend(f"-# {escape_text(shortened(line, 500))}" for line in footer_lines(report))
-        if report.stopped_by_user:
-            lines.append(f"**{escape_text(STOPPED_BY_USER_LINE)}**")
+        if stopped := stopped_line(report):
+            lines.append(f"**{escape_text(stopped)}**")
         summary = message("\n".join(lines), mention=requester,
                           components=[export_row(run_id)] if run_id is not None else None)
         upload = FileUpload(filename=REPORT_FILENAME, data=render_markdown(report).encode("utf-8"),

@@ -43,12 +43,12 @@ from research.report import (
     CODE_SPAN,
     MARKDOWN_LINK,
     SNIPPET_LABEL,
-    STOPPED_BY_USER_LINE,
     Report,
     ReportSource,
     render_inline,
     render_markdown,
     safe_http_url,
+    stopped_line,
 )
 
 SECTION_TEXT_LIMIT = 3_000
@@ -336,8 +336,8 @@ def report_mrkdwn_paragraphs(report: Report) -> list[str]:
         pieces.extend(_split(sources, unchanged, SECTION_TEXT_LIMIT))
     footer = "──────────\n" + "\n".join(f"_{escape_text(line)}_" for line in footer_lines(report))
     pieces.extend(_split(footer, unchanged, SECTION_TEXT_LIMIT))
-    if report.stopped_by_user:
-        pieces.append(f"*{escape_text(STOPPED_BY_USER_LINE)}*")
+    if stopped := stopped_line(report):
+        pieces.append(f"*{escape_text(stopped)}*")
     return pieces
 
 
@@ -349,8 +349,8 @@ def report_slack_markdown(report: Report) -> str:
     if report.sources:
         parts.append("## Sources\n\n" + "\n".join(_source_line_markdown(source) for source in report.sources))
     parts.append("---\n\n" + "\n\n".join(f"_{escape_text(line)}_" for line in footer_lines(report)))
-    if report.stopped_by_user:
-        parts.append(f"**{escape_text(STOPPED_BY_USER_LINE)}**")
+    if stopped := stopped_line(report):
+        parts.append(f"**{escape_text(stopped)}**")
     return "\n\n".join(parts)
 
 
@@ -441,8 +441,8 @@ class SlackRenderer:
                  f"The report is too long for Slack messages, so the full text is in `{REPORT_FILENAME}` below "
                  f"({len(report.sources)} sources)."]
         lines.extend(f"_{escape_text(line)}_" for line in footer_lines(report))
-        if report.stopped_by_user:
-            lines.append(f"*{escape_text(STOPPED_BY_USER_LINE)}*")
+        if stopped := stopped_line(report):
+            lines.append(f"*{escape_text(stopped)}*")
         summary = "\n\n".join(lines)
         sections = pack_sections([piece for line in lines
                                   for piece in _split(line, unchanged, SECTION_TEXT_LIMIT)])

@@ -14,11 +14,12 @@ from research import engine
 from research.budget import CancelToken
 from research.events import TERMINAL_TYPES
 from research.models import Passage, SearchResult
-from research.report import Report, render_markdown
+from research.report import Report, audit_line, render_html, render_markdown
 from research.untrusted import parse_fenced_sources
 from tests.fakes.corpus import INJECTION, QUESTION, Corpus, numbers_in, options
 from tests.fakes.llm import (
     ChatRequest,
+    FakeReply,
     default_research_model,
     fabricating_synthesis,
     unrelated_citation_synthesis,
@@ -237,7 +238,9 @@ def test_cancel_during_fetch_aborts_within_a_second_and_keeps_what_was_found() -
     assert len(recorder.events) == count_after_return
     assert state.sources, "sources found before the cancel were lost"
     assert report is not None and report.stopped_by_user
-    assert render_markdown(report).rstrip().endswith("[Research stopped by user]")
+    markdown = render_markdown(report)
+    # Stopped before anything was written: the title says so, and no "[Research stopped by user]" repeats it.
+    assert markdown.startswith(f"# Research stopped: {QUESTION}\n") and "[Research stopped by user]" not in markdown
 
 
 def test_injected_instructions_reach_the_model_only_inside_the_untrusted_fence() -> None:
@@ -293,3 +296,53 @@ def test_answer_from_passages_cites_only_the_given_passages_and_searches_nothing
     assert {passage.id for passage in report.cited_passages} <= {"p1", "p2"}
     assert corpus.search.requests("brave") == []
     assert corpus.web.requests.all() == []
+
+
+def test_progress_moves_through_every_phase_and_never_goes_backwards(corpus: Corpus) -> None:
+    report, recorder, _ = run_research(corpus)
+    assert recorder.assert_contract().type == "complete" and report is not None
+    percents = [event.percent for event in recorder.events if event.type == "progress"]
+    assert all(earlier < later for earlier, later in zip(percents, percents[1:])), percents
+    assert percents[0] == 5 and percents[-1] == 90
+    gathering = [percent for percent in percents if 5 < percent < 45]
+    assert len(gathering) >= 3, percents
+    percent_so_far = 0.0
+    for event in recorder.events:
+        if event.type == "progress":
+            percent_so_far = event.percent
+        elif event.type == "phase_started" and event.phase == "synthesize":
+            assert percent_so_far == 45
+        elif event.type == "phase_started" and event.phase == "verify":
+            assert percent_so_far == 90
+
+
+def test_stop_while_writing_keeps_the_question_and_lists_only_the_pages_read() -> None:
+    def slow_synthesis(request: ChatRequest) -> Any:
+        return FakeReply(content="Too late.", delay=10.0)
+
+    with Corpus(llm_handler=routed(slow_synthesis)) as corpus:
+        corpus.web.set_robots("beta.example", "User-agent: *\nDisallow: /")
+        recorder = Recorder()
+        cancel = CancelToken()
+
+        async def main() -> Report | None:
+            async def cancel_when_writing() -> None:
+                while not any(event.type == "phase_started" and event.phase == "synthesize" for event in recorder.events):
+                    await asyncio.sleep(0.01)
+                await asyncio.sleep(0.2)
+                cancel.cancel("U-requester")
+
+            canceller = asyncio.create_task(cancel_when_writing())
+            report = await engine.research(QUESTION, options=options(), tools=corpus.tools(), events=recorder, cancel=cancel)
+            await canceller
+            return report
+
+        report = asyncio.run(main())
+    assert recorder.assert_contract().type == "aborted"
+    assert report is not None and report.stopped_by_user
+    assert report.question == QUESTION and report.title == f"Research stopped: {QUESTION}"
+    assert report.sources and all("beta.example" not in source.url for source in report.sources)
+    assert "Not read: http://beta.example" in report.body_markdown and "robots" in report.body_markdown
+    assert audit_line(report) == ""
+    for document in (render_markdown(report), render_html(report)):
+        assert "[Research stopped by user]" not in document and "sentences verified" not in document

@@ -158,7 +158,7 @@ def test_ctrl_c_stops_cli_research_and_keeps_the_partial_run(tmp_path) -> None:
             if process.poll() is None:
                 process.kill()
     assert process.returncode == 1
-    assert "[Research stopped by user]" in stdout
+    assert f"# Research stopped: {QUESTION}" in stdout and "[Research stopped by user]" not in stdout
     with sessions() as session:
         run = session.scalars(select(Run)).one()
         assert run.state == "cancelled"

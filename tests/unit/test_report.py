@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 from html.parser import HTMLParser
 
 import pydantic
@@ -16,12 +17,14 @@ from research.report import (
     Report,
     ReportSource,
     UsageSummary,
+    audit_line,
     markdown_to_html,
     parse_report_json,
     render_html,
     render_json,
     render_markdown,
     split_title,
+    unfinished_title,
 )
 
 
@@ -134,6 +137,63 @@ def test_stopped_report_ends_with_the_stopped_line() -> None:
     assert footer.index("usage") < footer.index(STOPPED_BY_USER_LINE)
 
 
+def test_report_whose_title_says_it_was_stopped_has_no_stopped_line() -> None:
+    report = make_report(title=unfinished_title("How fast did solar grow?", stopped_by_user=True),
+                         body_markdown="The research was stopped before the report was written.",
+                         stopped_by_user=True, partial=True, partial_reason="stopped by user")
+    assert render_markdown(report).startswith("# Research stopped: How fast did solar grow?\n")
+    assert STOPPED_BY_USER_LINE not in render_markdown(report)
+    assert STOPPED_BY_USER_LINE not in render_html(report)
+
+
+def test_unfinished_title_names_the_question_shortened_to_one_line() -> None:
+    assert unfinished_title("Why is the sky blue?", stopped_by_user=True) == "Research stopped: Why is the sky blue?"
+    assert unfinished_title("Why is the sky blue?", stopped_by_user=False) == "Research incomplete: Why is the sky blue?"
+    long_title = unfinished_title("What changed in\nEuropean grid storage " + "and pumped hydro " * 20, stopped_by_user=True)
+    assert "\n" not in long_title and long_title.endswith("…") and len(long_title) <= len("Research stopped: ") + 80
+    assert unfinished_title("", stopped_by_user=True) == "Research stopped"
+
+
+def test_audit_line_says_nothing_when_no_sentence_was_audited() -> None:
+    report = make_report(audit=AuditFigures(), skipped_providers={})
+    assert audit_line(report) == ""
+    assert "verified" not in render_markdown(report)
+    assert "verified" not in render_html(report) and 'class="audit"' not in render_html(report)
+    assert audit_line(make_report(audit=AuditFigures())) == "brave skipped: rate limited"
+
+
+def test_html_numbers_each_source_once() -> None:
+    document = render_html(make_report())
+    parsed = parse_html(document)
+    assert "ol" not in {tag for tag, _ in parsed.tags}, "a browser-numbered list would show '1. [1]'"
+    assert '<li id="source-1"><span class="number">[1]</span> ' in document
+    assert '<li id="source-2"><span class="number">[2]</span> ' in document
+
+
+def test_html_does_not_repeat_a_question_equal_to_the_title() -> None:
+    same = render_html(make_report(title="How fast did solar grow?"))
+    assert 'class="question"' not in same
+    assert same.count("How fast did solar grow?") == 2  # <title> and <h1>
+    assert '<p class="question">How fast did solar grow?</p>' in render_html(make_report())
+
+
+def test_html_shows_each_sources_cited_passages_in_a_collapsed_list() -> None:
+    report = make_report(cited_passages=[
+        CitedPassage(id="p2", source_id="s2", source_number=1, text="Solar grew by 45% in 2023."),
+        CitedPassage(id="p3", source_id="s2", source_number=1, text='Wind <script>alert("w")</script> grew\ntoo.'),
+        CitedPassage(id="p1", source_id="s1", source_number=2, text="Opened in 1889.", is_snippet=True),
+    ])
+    document = render_html(report)
+    assert_html_is_inert(document)
+    first = document[document.index('<li id="source-1">'):document.index('<li id="source-2">')]
+    second = document[document.index('<li id="source-2">'):document.index("</ul>", document.index('<li id="source-2">'))]
+    assert '<details class="passages"><summary>2 cited passages</summary>' in first
+    assert "<blockquote>Solar grew by 45% in 2023.</blockquote>" in first
+    assert "<blockquote>Wind &lt;script&gt;alert(&quot;w&quot;)&lt;/script&gt; grew too.</blockquote>" in first
+    assert "<summary>Cited passage</summary>" in second and "Opened in 1889." in second and "Solar grew" not in second
+    assert "<details" not in render_html(make_report(cited_passages=[]))
+
+
 def test_html_links_citations_to_source_anchors() -> None:
     document = render_html(make_report())
     parsed = parse_html(document)
@@ -194,6 +254,12 @@ def test_json_round_trips_to_an_equal_report() -> None:
     text = render_json(report)
     assert parse_report_json(text) == report
     assert "Solar grew by 45% in 2023." in text
+
+
+def test_json_includes_the_run_id_when_known() -> None:
+    assert json.loads(render_json(make_report(run_id=42)))["run_id"] == 42
+    assert parse_report_json(render_json(make_report(run_id=42))).run_id == 42
+    assert json.loads(render_json(make_report()))["run_id"] is None
 
 
 def test_json_parser_rejects_what_is_not_a_report() -> None:
