@@ -14,6 +14,8 @@ from collections.abc import Callable
 from research.report import Report, audit_line, partial_notice, split_title, usage_line
 
 FENCE = re.compile(r"^\s*(```|~~~)")
+# A closing fence has nothing after it (CommonMark): "```python" inside a block is code, not its end.
+_CLOSING_FENCE = re.compile(r"^\s*(```|~~~)[`~]*\s*$")
 # Coarsest first: lines, sentences, words (paragraphs come before these where a caller splits whole documents).
 SEPARATORS = ("\n", ". ", " ")
 
@@ -44,7 +46,8 @@ def markdown_paragraphs(markdown: str) -> list[str]:
         marker = FENCE.match(line)
         if fence is not None:
             current.append(line)
-            if marker and marker.group(1) == fence:
+            closing = _CLOSING_FENCE.match(line)
+            if closing and closing.group(1) == fence:
                 fence = None
             continue
         if marker:
@@ -58,6 +61,26 @@ def markdown_paragraphs(markdown: str) -> list[str]:
     if current:
         paragraphs.append("\n".join(current))
     return paragraphs
+
+
+_FENCE_OPENING = re.compile(r"^\s*(?P<fence>```|~~~)(?P<info>.*)$")
+_LANGUAGE = re.compile(r"[\w+#.-]{1,20}")
+
+
+def fenced_block(paragraph: str) -> tuple[str, str, list[str]]:
+    """A fenced code block's fence, language and code lines (the closing fence left out). Text after the opening
+    fence that is not a short language name is code, so nothing written there is lost."""
+    lines = paragraph.splitlines()
+    opening = _FENCE_OPENING.match(lines[0])
+    if opening is None:
+        return "```", "", lines
+    fence, info = opening.group("fence"), opening.group("info").strip()
+    closing = _CLOSING_FENCE.match(lines[-1]) if len(lines) > 1 else None
+    closed = closing is not None and closing.group(1) == fence
+    body = lines[1:-1] if closed else lines[1:]
+    if _LANGUAGE.fullmatch(info) or not info:
+        return fence, info, body
+    return fence, "", [info, *body]
 
 
 def _tokens(text: str, separator: str) -> list[str]:

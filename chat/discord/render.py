@@ -26,6 +26,7 @@ from chat.state import RunProgress
 from chat.status import Markup, ending, headline, is_unfinished, measures_line, phase_checklist
 from chat.text import (
     FENCE,
+    fenced_block,
     footer_lines,
     markdown_paragraphs,
     pack_pieces,
@@ -141,12 +142,11 @@ def paragraph_to_discord(paragraph: str) -> str:
 
 def _split_code_block(paragraph: str, limit: int) -> list[str]:
     """A fenced code block too long for one message, as several fenced blocks cut at line ends."""
-    lines = paragraph.splitlines()
-    opening = lines[0].strip()
-    fence = FENCE.match(lines[0]).group(1)  # type: ignore[union-attr]
-    body = lines[1:-1] if len(lines) > 1 and lines[-1].strip().startswith(fence) else lines[1:]
-    wrap = len(opening) + len(fence) + 2
-    return [f"{opening}\n{piece}\n{fence}" for piece in split_source("\n".join(body), unchanged, limit - wrap, ("\n", " "))]
+    fence, language, body = fenced_block(paragraph)
+    wrap = len(fence + language) + len(fence) + 2
+    pieces = split_source("\n".join(body), unchanged, limit - wrap, ("\n", " "))
+    # The language is named once, on the first piece, so the pieces read back as the block that was written.
+    return [f"{fence}{language if index == 0 else ''}\n{piece}\n{fence}" for index, piece in enumerate(pieces)]
 
 
 def paragraph_pieces(paragraph: str, limit: int = CONTENT_LIMIT) -> list[str]:

@@ -30,6 +30,7 @@ from chat.status import Markup, ending, headline, is_unfinished, measures_line, 
 from chat.text import (
     FENCE,
     Convert,
+    fenced_block,
     footer_lines,
     markdown_paragraphs,
     shortened,
@@ -145,11 +146,7 @@ def inline_to_mrkdwn(text: str) -> str:
 
 
 def _code_block_to_mrkdwn(paragraph: str) -> str:
-    lines = paragraph.splitlines()
-    fence = FENCE.match(lines[0]).group(1)  # type: ignore[union-attr]
-    body = lines[1:]
-    if body and body[-1].strip().startswith(fence):
-        body = body[:-1]
+    _, _, body = fenced_block(paragraph)
     return "```\n" + escape_text("\n".join(body)) + "\n```"
 
 
@@ -206,9 +203,7 @@ def _has_code_with_control_characters(markdown: str) -> bool:
 
 def _split_code_block(paragraph: str, limit: int) -> list[str]:
     """A fenced code block too long for one section, as several fenced blocks cut at line ends."""
-    lines = paragraph.splitlines()
-    fence = FENCE.match(lines[0]).group(1)  # type: ignore[union-attr]
-    body = lines[1:-1] if len(lines) > 1 and lines[-1].strip().startswith(fence) else lines[1:]
+    _, _, body = fenced_block(paragraph)
     wrap = len("```\n\n```")
     inner = _split("\n".join(body), escape_text, limit - wrap, ("\n", " "))
     return ["```\n" + piece + "\n```" for piece in inner]

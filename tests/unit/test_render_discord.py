@@ -42,7 +42,8 @@ def report_with(body: str, **changes: object) -> Report:
 
 
 def squash(text: str) -> str:
-    return re.sub(r"\s+", "", text)
+    """`text` without white space and code fences: a long block is cut into several fenced blocks."""
+    return re.sub(r"\s+|```|~~~", "", text)
 
 
 def assert_within_discord_limits(content: Content) -> None:
