@@ -297,6 +297,11 @@ def _require_llm(settings: Settings) -> None:
 @app.command()
 def chat() -> None:
     """Talk to deepthread in this terminal: questions, /plan, /research, follow-ups, go; runs on the workers."""
+    _chat()
+
+
+def _chat(worker_log: Path | None = None) -> None:
+    """The terminal chat; under `up`, `worker_log` is where the worker it supervises writes."""
     import asyncio
 
     from rich.console import Console
@@ -312,7 +317,12 @@ def chat() -> None:
     console = Console()
     messenger = ConsoleMessenger(console)
     core = build_core(settings, messenger, ConsoleRenderer(), sessions=sessions)
-    asyncio.run(TerminalChat(core, sessions, messenger, console).run())
+    options = {}
+    if worker_log is not None:
+        options["no_worker"] = (f"The worker is not answering yet (it may still be starting, or it stopped and is being "
+                                f"started again): its log is {worker_log}. This run waits in the queue until it is up.")
+    asyncio.run(TerminalChat(core, sessions, messenger, console, exports=Path(settings.data_dir) / "exports",
+                             **options).run())
 
 
 @app.command()
@@ -334,7 +344,7 @@ def up() -> None:
         if interactive:
             configure_logging(settings, path=logs / "chat.log")
             typer.echo(f"Worker logs: {logs / 'worker.log'}", err=True)
-            chat()
+            _chat(worker_log=logs / "worker.log")
         else:
             if not adapters:
                 tokens = " or ".join(bundle.missing_setting for bundle in platform_bundles() if bundle.adapter_command)

@@ -55,6 +55,7 @@ class RunProgress(BaseModel):
     finished_at: dt.datetime | None = None
     last_seq: int = 0
     warnings: int = 0
+    last_warning: str | None = None
     partial: bool = False
     partial_reason: str | None = None
     error: str | None = None
@@ -112,7 +113,7 @@ def apply_event(progress: RunProgress, event: Any) -> RunProgress:
         update["counts"] = {**progress.counts, **event.counts}
         update["percent"] = max(progress.percent, event.percent)
     elif kind == "warning":
-        update["warnings"] = progress.warnings + 1
+        update.update(warnings=progress.warnings + 1, last_warning=event.message)
     elif kind == "complete":
         update.update(state="done", percent=100.0, partial=event.partial, partial_reason=event.partial_reason,
                       phases=[line.model_copy(update={"status": "done" if line.status in ("current", "done") else line.status})

@@ -3,7 +3,8 @@
 Lines become events in the session's thread: a question, `/plan …`, `/research …`, `/ask …`,
 follow-ups, `go`. Runs execute in the workers; this process follows each run's stored events,
 redraws its status in place, and prints the report. Ctrl-C stops the running job (a second
-Ctrl-C, or Ctrl-C at the prompt, leaves).
+Ctrl-C, or Ctrl-C at the prompt, leaves). The terminal's own commands (`/help`, `/history`, `/runs`,
+`/export`, `/quit`) are answered here and never reach the core.
 """
 
 from __future__ import annotations
@@ -11,10 +12,16 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import signal
+import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
 
-from rich.console import Console
+from rich.console import Console, RenderableType
+from rich.table import Table
+from rich.text import Text
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -25,13 +32,63 @@ from chat.message import MessageRef, Place
 from chat.console.messenger import ConsoleMessenger, renderable_for
 from chat.console.render import ConsoleRenderer
 from chat.state import RunProgress, initial_progress, progress_of_stored_run
+from chat.text import shortened, single_line
 from research.report import Report
-from storage.models import Event, Run
+from storage.models import Conversation, Event, Run
+from storage.shared_limits import live_workers
+from worker.headless import RUNS_HEADER, export_run, recent_runs
 
 SLASH = {"/research": "research:", "/plan": "plan:", "/ask": "ask:"}
 POLL_SECONDS = 0.2
-GREETING = ("deepthread — ask a question, or /research, /plan, /ask. In this thread: follow-ups, [bold]go[/] to run a "
-            "plan, [bold]dig deeper[/]. Ctrl-C stops a run; Ctrl-D or /quit leaves.")
+GREETING = ("deepthread — ask a question, or start with /research, /plan or /ask. Type [bold]/help[/] for the rest; "
+            "[bold]/quit[/] (or Ctrl-D) leaves.")
+HISTORY_LIMIT = 10
+RUNS_LIMIT = 20
+QUESTION_DISPLAY_LIMIT = 70
+EXPORT_FORMATS = ("md", "html", "json")
+MODE_NAMES = {"chat": "quick answer", "followup": "follow-up"}
+# Workers beat every 2 s with a 6 s lifetime, so 5 s without one is not a beat missed in passing.
+NO_WORKER_GRACE_SECONDS = 5.0
+NO_WORKER = ("No worker is running, so this run waits in the queue. Start one with `deepthread worker` in another "
+             "terminal (`deepthread up` starts one for you).")
+EXPORT_USAGE = "Usage: /export RUN_ID [md|html|json], e.g. /export 12 html (/history lists the run ids)."
+
+CommandName = Literal["help", "history", "runs", "export", "quit", "unknown"]
+COMMAND_WORDS: dict[str, CommandName] = {"help": "help", "?": "help", "history": "history", "runs": "runs",
+                                         "export": "export", "quit": "quit", "exit": "quit"}
+HELP_SECTIONS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
+    ("Ask", (
+        ("a question", "a quick answer"),
+        ("/research QUESTION", "a report researched on the web, every claim cited"),
+        ("/plan QUESTION", "a research plan to look at before anything is searched"),
+        ("/ask QUESTION", "a quick answer with no web search"),
+        ("options", "after the question: --since DATE (2024-01-31), --site DOMAIN (repeatable), --deep, --quick"),
+    )),
+    ("Then, in this session", (
+        ("a follow-up", "answered from the sources the last report read"),
+        ("go", "run the plan just drafted (or say what to change in it)"),
+        ("dig deeper", "more research on the same question, or on a narrower one: dig deeper: costs"),
+        ("retry", "run a failed or stopped run again"),
+        ("continue", "research further from where the last report stopped"),
+        ("Ctrl-C", "cancel the running job and keep what was found (a second Ctrl-C leaves)"),
+    )),
+    ("Commands", (
+        ("/history", f"this terminal's last {HISTORY_LIMIT} runs, newest first"),
+        ("/runs", "the latest runs of every platform, as deepthread runs lists them"),
+        ("/export ID md|html|json", "save a run's report in DATA_DIR/exports (as md unless told otherwise)"),
+        ("/help", "this help"),
+        ("/quit", "leave (also /exit or Ctrl-D)"),
+    )),
+)
+
+
+@dataclass(frozen=True)
+class ChatCommand:
+    """A command the terminal answers itself: its name, the words after it, and the word as typed."""
+
+    name: CommandName
+    arguments: tuple[str, ...] = ()
+    word: str = ""
 
 
 def as_thread_text(line: str) -> str:
@@ -41,32 +98,127 @@ def as_thread_text(line: str) -> str:
     return f"{prefix} {rest}".strip() if prefix else line.strip()
 
 
+def chat_command(line: str) -> ChatCommand | None:
+    """The terminal's own command in `line` (`/history`, `runs`, `export 12 html`, `?`), or None when the
+    line is for the core (a question, `/research …`, `go`); any other `/word` is an unknown command."""
+    words = line.split()
+    if not words:
+        return None
+    head, arguments = words[0].lower(), tuple(words[1:])
+    if head.startswith("/"):
+        if head in SLASH:
+            return None
+        name = COMMAND_WORDS.get(head[1:])
+        return ChatCommand(name=name or "unknown", arguments=arguments, word=words[0])
+    if head == "export" and arguments and arguments[0].lstrip("#").isdigit() and len(arguments) <= 2:
+        return ChatCommand(name="export", arguments=arguments, word=head)
+    # A bare word is a command only when alone: "history of tidal power" is a question.
+    if not arguments and head in COMMAND_WORDS:
+        return ChatCommand(name=COMMAND_WORDS[head], word=head)
+    return None
+
+
+def help_text() -> RenderableType:
+    """What the terminal can do, written for the terminal (no reactions, mentions or markup shown raw)."""
+    table = Table.grid(padding=(0, 2))
+    table.add_column(no_wrap=True)
+    table.add_column()
+    for title, rows in HELP_SECTIONS:
+        table.add_row(Text(title, style="underline"))
+        for how, what in rows:
+            table.add_row(Text(f"  {how}", style="bold"), Text(what))
+    return table
+
+
+class WorkerWatch:
+    """Says once when no worker has been alive for `grace` seconds in a row, by the `clock` given."""
+
+    def __init__(self, grace: float, clock: Callable[[], float]) -> None:
+        self.grace = grace
+        self.clock = clock
+        self.missing_since: float | None = None
+        self.told = False
+
+    def should_tell(self, workers_alive: bool) -> bool:
+        """True the first time the workers have been missing for the whole grace, False otherwise."""
+        if workers_alive:
+            self.missing_since = None
+            return False
+        now = self.clock()
+        if self.missing_since is None:
+            self.missing_since = now
+        if self.told or now - self.missing_since < self.grace:
+            return False
+        self.told = True
+        return True
+
+
 class TerminalChat:
-    """One terminal session: a thread of its own in the database, runs executed by the workers."""
+    """One terminal session: a thread of its own in the database, runs executed by the workers.
+
+    `exports` is where `/export` writes (DATA_DIR/exports unless given); `workers_alive` lists the live
+    workers and `clock`/`sleep` pace the following of a run (tests pass fakes of all three).
+    """
 
     def __init__(self, core: ConversationCore, sessions: sessionmaker[Session], messenger: ConsoleMessenger,
-                 console: Console, read_line: Callable[[str], str] = input) -> None:
+                 console: Console, read_line: Callable[[str], str] = input, *, exports: Path | None = None,
+                 workers_alive: Callable[[], list[str]] | None = None, no_worker: str = NO_WORKER,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self.core = core
         self.sessions = sessions
         self.messenger = messenger
         self.console = console
         self.read_line = read_line
-        self.renderer = ConsoleRenderer()
+        self.renderer = ConsoleRenderer(you=TERMINAL_USER)
         self.thread: str | None = None
+        self._exports = exports
+        self.workers_alive = workers_alive or (lambda: live_workers(self.core.queue.redis))
+        self.no_worker = no_worker
+        self.clock = clock
+        self.sleep = sleep
+
+    @property
+    def exports(self) -> Path:
+        if self._exports is None:
+            from config import get_settings
+
+            self._exports = Path(get_settings().data_dir) / "exports"
+        return self._exports
 
     async def run(self) -> None:
-        self.console.print(GREETING)
+        """Read lines until /quit, Ctrl-D or Ctrl-C at the prompt: commands answered here, the rest to the core."""
+        self.console.print(GREETING, highlight=False)
         while True:
             try:
                 line = await asyncio.to_thread(self.read_line, "› ")
             except (EOFError, KeyboardInterrupt):
                 self.console.print()
                 return
-            if line.strip() in ("/quit", "/exit"):
-                return
             if not line.strip():
                 continue
-            await self.say(line)
+            command = chat_command(line)
+            if command is None:
+                await self.say(line)
+            elif command.name == "quit":
+                return
+            else:
+                await self.obey(command)
+
+    async def obey(self, command: ChatCommand) -> None:
+        """Answer one of the terminal's own commands (all but quit); nothing reaches the core."""
+        if command.name == "help":
+            self.console.print(help_text())
+        elif command.name == "history":
+            self.console.print(await asyncio.to_thread(self._history))
+        elif command.name == "runs":
+            lines = await asyncio.to_thread(recent_runs, self.sessions, RUNS_LIMIT)
+            for line in [RUNS_HEADER, *lines] if lines else ["No runs yet."]:
+                self.console.print(Text(line), soft_wrap=True)
+        elif command.name == "export":
+            self.console.print(await asyncio.to_thread(self._export, command.arguments), soft_wrap=True)
+        else:
+            self.console.print(Text(f"Unknown command {command.word}. Type /help for the commands."))
 
     async def say(self, line: str) -> None:
         """Hand one line to the core in this session's thread, then follow the run it started."""
@@ -96,18 +248,23 @@ class TerminalChat:
                 raise KeyboardInterrupt
 
         loop.add_signal_handler(signal.SIGINT, on_interrupt)
+        watch = WorkerWatch(NO_WORKER_GRACE_SECONDS, self.clock)
         try:
             with self.sessions() as session:
                 run = session.get(Run, run_id)
                 status = MessageRef.model_validate(run.status_message)
                 progress = initial_progress(run_id=run.id, mode=run.mode, question=run.question,
                                             requested_by=run.requested_by)
+            self.console.print(Text(f"Run {run_id} · {MODE_NAMES.get(progress.mode, progress.mode)}", style="dim"))
             while True:
                 progress, run = await asyncio.to_thread(self._progress, run_id, progress)
                 await self.messenger.edit(status, self.renderer.status(progress, now=_now()))
                 if run.finished:
                     break
-                await asyncio.sleep(POLL_SECONDS)
+                if run.state == "queued" and not watch.told:
+                    if watch.should_tell(bool(await asyncio.to_thread(self.workers_alive))):
+                        self.console.print(renderable_for(self.renderer.reply(self.no_worker)))
+                await self.sleep(POLL_SECONDS)
         finally:
             loop.remove_signal_handler(signal.SIGINT)
         self.messenger.close()
@@ -116,11 +273,12 @@ class TerminalChat:
             for content in delivery.messages:
                 await self.messenger.post(_place(self.thread), content)
         elif run.error:
-            self.console.print(f"The run failed: {run.error}", markup=False)
+            self.console.print(f"The run failed: {run.error}", markup=False, highlight=False)
         if run.state != "done" or run.partial:
-            self.console.print("Say [bold]retry[/] to run it again, or [bold]continue[/] to research further.")
+            self.console.print("Say [bold]retry[/] to run it again, or [bold]continue[/] to research further.",
+                               highlight=False)
         elif run.mode == "plan":
-            self.console.print("Say [bold]go[/] to run this plan, or describe what to change.")
+            self.console.print("Say [bold]go[/] to run this plan, or describe what to change.", highlight=False)
 
     def _progress(self, run_id: int, progress: RunProgress) -> tuple[RunProgress, Run]:
         with self.sessions() as session:
@@ -132,6 +290,45 @@ class TerminalChat:
                 progress = progress.model_copy(update={"queue_position": self.core.queue.position(run_id)})
             session.expunge(run)
             return progress, run
+
+    def _history(self) -> RenderableType:
+        """This terminal's latest runs (every session's), newest first, as a table."""
+        with self.sessions() as session:
+            runs = session.scalars(select(Run).join(Conversation).where(
+                Conversation.platform == TERMINAL.platform, Conversation.workspace == TERMINAL.workspace,
+                Conversation.channel == TERMINAL.channel).order_by(Run.id.desc()).limit(HISTORY_LIMIT)).all()
+            if not runs:
+                return Text("No runs yet in this terminal: ask a question to start one.")
+            table = Table(box=None, header_style="dim", pad_edge=False)
+            for heading in ("Run", "State", "Mode", "When (UTC)"):
+                table.add_column(heading, no_wrap=True)
+            table.add_column("Question", no_wrap=True, overflow="ellipsis")
+            for run in runs:
+                table.add_row(str(run.id), run.state, MODE_NAMES.get(run.mode, run.mode),
+                              f"{run.created_at:%Y-%m-%d %H:%M}",
+                              Text(shortened(single_line(run.question), QUESTION_DISPLAY_LIMIT)))
+            return table
+
+    def _export(self, arguments: tuple[str, ...]) -> Text:
+        """Write a run's report under `exports`; the text says where, or why it could not."""
+        if not arguments or len(arguments) > 2 or not arguments[0].lstrip("#").isdigit():
+            return Text(EXPORT_USAGE)
+        run_id = int(arguments[0].lstrip("#"))
+        output_format = arguments[1].lower() if len(arguments) == 2 else "md"
+        if output_format not in EXPORT_FORMATS:
+            return Text(f"Cannot export as {arguments[1]}: choose md, html or json, e.g. /export {run_id} html.")
+        with self.sessions() as session:
+            run = session.get(Run, run_id)
+            state = run.state if run is not None else None
+        if state is None:
+            return Text(f"There is no run {run_id}. /history lists this terminal's runs, /runs every run.")
+        text = export_run(self.sessions, run_id, output_format)
+        if text is None:
+            return Text(f"Run {run_id} has no report to export (it is {state}).")
+        self.exports.mkdir(parents=True, exist_ok=True)
+        path = self.exports / f"deepthread-report-{run_id}.{output_format}"
+        path.write_text(text, encoding="utf-8")
+        return Text(f"Saved the report of run {run_id} to {path.resolve()}")
 
 
 def _place(thread: str | None) -> Place:

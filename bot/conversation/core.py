@@ -265,7 +265,7 @@ class ConversationCore:
                 request = commands.parse_request(question, "research")
                 return await self._start(event, thread, request.model_copy(
                     update={"options": {**_carried_options(report_run), **request.options}}))
-            if report_run is not None and deeper is None:
+            if report_run is not None and deeper is None and _has_sources(report_run):
                 request = commands.parse_request(text, "chat")
                 return await self._start(event, thread, request, mode="followup",
                                          extra_options={"answer_from_run": report_run.id})
@@ -401,6 +401,11 @@ class ConversationCore:
                                                       data=render_markdown(report).encode("utf-8"),
                                                       title=report.title[:200]))
         return Outcome()
+
+
+def _has_sources(run: Run) -> bool:
+    """Whether a report cites sources a follow-up can be answered from (a run stopped before reading has none)."""
+    return bool((run.report_json or {}).get("sources"))
 
 
 def _carried_options(run: Run) -> dict[str, Any]:

@@ -95,6 +95,9 @@ class ConsoleMessenger:
         if self._live is not None:
             self._live.stop()
             self._live = None
+            if not self.console.is_terminal:
+                # rich ends a live region's last drawing with a newline on terminals only; what follows needs a line.
+                self.console.line()
         # What was live stays on screen as last drawn; later messages get a live region of their own.
         self._live_ids.clear()
 

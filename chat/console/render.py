@@ -14,50 +14,72 @@ from rich.text import Text
 from chat.message import Content
 from chat.render import ReportDelivery, with_person
 from chat.state import RunProgress
+from chat.status import counts_line, format_elapsed
+from chat.text import shortened, single_line
 from research.report import Report, render_markdown
 
 MARKS = {"done": "[green]✔[/]", "current": "[yellow]▶[/]", "waiting": "[dim]·[/]", "failed": "[red]✘[/]"}
-COUNT_LABELS = (("sub_questions", "sub-questions"), ("results", "results"), ("pages_read", "pages read"),
-                ("passages", "passages"))
 ENDINGS = {"done": "[green]Done[/]", "cancelled": "[yellow]Stopped[/]", "failed": "[red]Failed[/]",
            "timed_out": "[red]Timed out[/]"}
+WARNING_DISPLAY_LIMIT = 160
 
 
-def render_progress(progress: RunProgress, now: dt.datetime | None = None) -> RenderableType:
-    """The status panel: question, phase checklist, counts, bar, elapsed time and how to stop."""
+def render_progress(progress: RunProgress, now: dt.datetime | None = None, *, you: str | None = None) -> RenderableType:
+    """The status panel: question, phase checklist, counts, bar, elapsed time, the latest warning, and a footer
+    with the run's id and how to stop it (or how it ended, "by you" when `you` stopped it)."""
     now = now or dt.datetime.now(dt.timezone.utc)
     table = Table.grid(padding=(0, 1))
     for line in progress.phases:
         style = "bold" if line.status == "current" else ""
         table.add_row(MARKS[line.status], Text(line.label, style=style))
-    counts = " · ".join(f"{progress.counts[key]} {label}" for key, label in COUNT_LABELS if progress.counts.get(key))
-    elapsed = f"{progress.elapsed_seconds(now):.0f} s"
-    footer = ENDINGS.get(progress.state, "[dim]Ctrl-C stops the run and keeps what was found[/]")
-    if progress.state == "queued" and progress.queue_position:
-        footer = f"[dim]Waiting: position {progress.queue_position} in the queue. Ctrl-C cancels.[/]"
-    if progress.state == "failed" and progress.error:
-        footer += f": {escape(progress.error)}"
-    if progress.state == "cancelled" and progress.cancelled_by:
-        footer += f" by {escape(progress.cancelled_by)}"
-    if progress.partial and progress.partial_reason:
-        footer += f" (partial: {escape(progress.partial_reason)})"
-    return Group(
+    counts = counts_line(progress.counts)
+    elapsed = format_elapsed(progress.elapsed_seconds(now))
+    lines: list[RenderableType] = [
         Text.from_markup(f"[bold]{escape(progress.question)}[/]"),
         table,
         ProgressBar(total=100, completed=progress.percent, width=40),
         Text.from_markup(f"{escape(counts)}  [dim]{elapsed}[/]" if counts else f"[dim]{elapsed}[/]"),
-        Text.from_markup(footer),
-    )
+    ]
+    if progress.last_warning:
+        warning = shortened(single_line(progress.last_warning), WARNING_DISPLAY_LIMIT)
+        lines.append(Text(f"⚠ {warning}", style="dim", no_wrap=True, overflow="ellipsis"))
+    lines.append(Text.from_markup(_footer(progress, you)))
+    return Group(*lines)
+
+
+def _footer(progress: RunProgress, you: str | None) -> str:
+    """`Run 12 · ` and how to stop the run while it is in flight, or how it ended."""
+    state = progress.state
+    if state == "queued" and progress.queue_position:
+        footer = f"[dim]Waiting: position {progress.queue_position} in the queue. Ctrl-C cancels.[/]"
+    elif state == "queued":
+        footer = "[dim]Waiting for a worker to start it. Ctrl-C cancels.[/]"
+    elif state == "running":
+        footer = "[dim]Ctrl-C stops the run and keeps what was found.[/]"
+    else:
+        footer = ENDINGS.get(state, escape(state))
+    if state == "failed" and progress.error:
+        footer += f": {escape(progress.error)}"
+    if state == "cancelled" and progress.cancelled_by:
+        footer += " by you" if progress.cancelled_by == you else f" by {escape(_bare_user(progress.cancelled_by))}"
+    if progress.partial and progress.partial_reason:
+        footer += f" (partial: {escape(progress.partial_reason)})"
+    # A status redrawn before its run is stored has no id yet (0).
+    return f"[dim]Run {progress.run_id} ·[/] {footer}" if progress.run_id else footer
 
 
 class ConsoleRenderer:
-    """Renders for the terminal: a live status panel, reports as Markdown."""
+    """Renders for the terminal: a live status panel, reports as Markdown; `you` is the user at this terminal."""
 
     platform = "cli"
 
+    def __init__(self, *, you: str | None = None) -> None:
+        self.you = you
+
     def status(self, progress: RunProgress, *, now: dt.datetime) -> Content:
         return Content(text=f"{progress.state}: {progress.question}",
-                       extra={"live": progress.state in ("queued", "running"), "rich": render_progress(progress, now)})
+                       extra={"live": progress.state in ("queued", "running"),
+                              "rich": render_progress(progress, now, you=self.you)})
 
     def report(self, report: Report, *, requester: str, run_id: int | None = None) -> ReportDelivery:
         return ReportDelivery(messages=[Content(text=render_markdown(report), extra={"format": "markdown"})])

@@ -18,11 +18,13 @@ pytestmark = pytest.mark.integration
 
 
 def spawn_chat(cluster: Cluster, tmp_path: Path) -> pexpect.spawn:
-    child = pexpect.spawn(sys.executable, ["-m", "bot.cli", "chat"], env=cluster.environment, cwd=str(tmp_path),
+    environment = {**cluster.environment, "DATA_DIR": str(tmp_path / "data")}
+    child = pexpect.spawn(sys.executable, ["-m", "bot.cli", "chat"], env=environment, cwd=str(tmp_path),
                           encoding="utf-8", codec_errors="replace", timeout=60,
                           dimensions=(50, 160))
     child.logfile_read = open(tmp_path / "chat.log", "w")
     child.expect("deepthread")
+    child.expect_exact("/help")
     child.expect("› ")
     return child
 
@@ -32,7 +34,8 @@ def runs(cluster: Cluster) -> list[Run]:
         return list(session.scalars(select(Run).order_by(Run.id)))
 
 
-def test_terminal_chat_answers_plans_runs_the_plan_on_go_and_cancels_on_ctrl_c(tmp_path: Path, redis_url: str) -> None:
+def test_terminal_chat_answers_plans_runs_the_plan_on_go_answers_its_commands_and_cancels_on_ctrl_c(
+        tmp_path: Path, redis_url: str) -> None:
     from storage.redis import connect
 
     connect(redis_url).flushall()
@@ -40,8 +43,9 @@ def test_terminal_chat_answers_plans_runs_the_plan_on_go_and_cancels_on_ctrl_c(t
         cluster = Cluster(database_url=f"sqlite:///{tmp_path}/deepthread.db", redis_url=redis_url, corpus=corpus,
                           slack=slack, workdir=tmp_path)
         cluster.start_worker("w1")
-        child = spawn_chat(cluster, tmp_path)
+        child: pexpect.spawn | None = None
         try:
+            child = spawn_chat(cluster, tmp_path)
             child.sendline("What is a tidal turbine?")
             child.expect("Here is a short answer")
             child.expect("› ")
@@ -52,11 +56,36 @@ def test_terminal_chat_answers_plans_runs_the_plan_on_go_and_cancels_on_ctrl_c(t
             child.expect("› ")
 
             child.sendline("go")
+            child.expect(r"Run (\d+) · research")
+            announced_run = int(child.match.group(1))
             child.expect("Sources")
             child.expect("sentences verified")
             child.expect("› ")
             research_runs = [run for run in runs(cluster) if run.mode == "research"]
             assert research_runs and research_runs[-1].state == "done" and research_runs[-1].plan is not None
+            report_run = research_runs[-1].id
+            assert report_run == announced_run
+
+            child.sendline("/help")
+            child.expect_exact("/export ID md|html|json")
+            child.expect_exact("/quit")
+            child.expect("› ")
+
+            child.sendline("/history")
+            child.expect(rf"{report_run}\s+done\s+research")
+            child.expect("› ")
+
+            child.sendline(f"/export {report_run} html")
+            exported = tmp_path / "data" / "exports" / f"deepthread-report-{report_run}.html"
+            child.expect_exact(f"Saved the report of run {report_run} to {exported}")
+            child.expect("› ")
+            assert exported.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+
+            runs_before = len(runs(cluster))
+            child.sendline("/frobnicate the turbines")
+            child.expect_exact("Unknown command /frobnicate. Type /help for the commands.")
+            child.expect("› ")
+            assert len(runs(cluster)) == runs_before
 
             corpus.web.latency = 20.0
             child.sendline(f"/research {QUESTION} --site alpha.example")
@@ -69,14 +98,14 @@ def test_terminal_chat_answers_plans_runs_the_plan_on_go_and_cancels_on_ctrl_c(t
 
             cluster.wait_for(fetching, 60, "the last run to be fetching")
             child.sendintr()
-            child.expect("Stopped")
+            child.expect(r"Stopped(\x1b\[[\d;]*m)* by you")
             child.expect("› ")
             last = runs(cluster)[-1]
             assert last.state == "cancelled" and last.cancelled_by == "cli:local"
             child.sendline("/quit")
             child.expect(pexpect.EOF)
         finally:
-            if child.isalive():
+            if child is not None and child.isalive():
                 child.terminate(force=True)
             cluster.stop()
     modes = [run.mode for run in runs(cluster)]

@@ -14,7 +14,7 @@ from bot.conversation.commands import MAX_QUESTION_CHARS, UsageProblem, parse_re
 from bot.conversation.core import ConversationCore, CoreSettings
 from bot.conversation.events import ChatEvent, HistoryMessage
 from chat.slack.render import SlackRenderer
-from research.report import Report
+from research.report import Report, ReportSource
 from storage.models import Message, Run
 from tests.fakes.messenger import RecordingMessenger
 from worker.queue import Limits, Queue
@@ -157,7 +157,8 @@ def test_a_reply_in_a_thread_the_bot_does_not_own_is_ignored(world: World) -> No
 
 def finished_research(world: World) -> tuple[int, str]:
     outcome = research(world)
-    world.finish(outcome.run_id, report=Report(title="t", body_markdown="b"))
+    source = ReportSource(number=1, source_id="s1", title="Salinity", url="https://sea.example/")
+    world.finish(outcome.run_id, report=Report(title="t", body_markdown="Salt comes from rivers [1].", sources=[source]))
     return outcome.run_id, outcome.thread
 
 
@@ -371,3 +372,10 @@ def test_a_person_with_the_most_runs_waiting_is_refused_in_plain_words_and_nothi
     assert refused.run_id is None and refused.replies[0].private and "3 runs waiting" in refused.replies[0].text
     assert len(world.messenger.posts) == posts, "no thread or status message for a refused run"
     assert research(world, "Bob may still ask?", user=BOB).run_id is not None
+
+
+def test_a_question_after_a_report_that_read_nothing_is_a_new_question(world: World) -> None:
+    outcome = research(world)
+    world.finish(outcome.run_id, state="cancelled", report=Report(title="Research stopped", body_markdown="…"))
+    asked = world.handle(kind="message", text="What about the Dead Sea?", thread=outcome.thread, message_id="x9")
+    assert world.run(asked.run_id).mode == "chat", "nothing to answer a follow-up from"

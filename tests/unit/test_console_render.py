@@ -1,0 +1,104 @@
+"""The terminal's status panel: counts in good English, the latest warning, the run's id and how it ended."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from chat.console.render import ConsoleRenderer, render_progress
+from chat.state import RunProgress, apply_event, initial_progress
+from research.events import Warning_
+
+NOW = dt.datetime(2025, 3, 1, 12, 0, tzinfo=dt.timezone.utc)
+YOU = "cli:local"
+
+
+def progress(**changes: Any) -> RunProgress:
+    start = initial_progress(run_id=12, mode="research", question="What is a tidal turbine?", requested_by=YOU,
+                             state="running", started_at=NOW - dt.timedelta(seconds=42))
+    return start.model_copy(update=changes)
+
+
+def recording_console(**options: Any) -> Console:
+    return Console(record=True, width=100, file=io.StringIO(), **options)
+
+
+def screen(progress: RunProgress, *, you: str | None = YOU) -> str:
+    console = recording_console()
+    console.print(render_progress(progress, NOW, you=you))
+    return console.export_text()
+
+
+def test_counts_of_one_are_singular() -> None:
+    text = screen(progress(counts={"sub_questions": 1, "results": 1, "pages_read": 1, "passages": 1}))
+    assert "1 sub-question · 1 result · 1 page read · 1 passage" in text
+
+
+def test_counts_of_many_are_plural_and_counts_not_reached_are_left_out() -> None:
+    text = screen(progress(counts={"sub_questions": 3, "results": 24, "pages_read": 0, "passages": 1_200}))
+    assert "3 sub-questions · 24 results · 1,200 passages" in text and "pages read" not in text
+
+
+def test_the_latest_warning_is_shown_on_its_own_line() -> None:
+    first = Warning_(seq=1, phase="fetch", message="Skipped https://alpha.example/a: robots.txt disallows it")
+    second = Warning_(seq=2, phase="fetch", message="Skipped https://beta.example/b: robots.txt disallows it")
+    text = screen(apply_event(apply_event(progress(), first), second))
+    assert "⚠ Skipped https://beta.example/b: robots.txt disallows it" in text.splitlines()
+    assert "alpha.example" not in text
+
+
+def test_a_long_warning_is_shortened_to_one_line() -> None:
+    text = screen(progress(last_warning="Skipped a page:\n" + "very " * 100 + "long"))
+    warning_lines = [line for line in text.splitlines() if line.startswith("⚠")]
+    assert len(warning_lines) == 1 and warning_lines[0].endswith("…")
+
+
+def test_no_warning_line_before_any_warning() -> None:
+    assert "⚠" not in screen(progress())
+
+
+def test_the_warning_is_drawn_dim() -> None:
+    console = recording_console(force_terminal=True, color_system="standard")
+    console.print(render_progress(progress(last_warning="Skipped a page"), NOW))
+    assert "\x1b[2m⚠ Skipped a page" in console.export_text(styles=True)
+
+
+def test_a_run_stopped_by_the_person_at_the_terminal_says_stopped_by_you() -> None:
+    text = screen(progress(state="cancelled", cancelled_by=YOU))
+    assert "Run 12 · Stopped by you" in text and YOU not in text
+
+
+def test_a_run_stopped_by_someone_else_names_them_without_their_platform() -> None:
+    text = screen(progress(state="cancelled", cancelled_by="slack:U0ADMIN01"))
+    assert "Stopped by U0ADMIN01" in text and "by you" not in text
+
+
+def test_the_renderer_passes_who_is_at_the_terminal() -> None:
+    content = ConsoleRenderer(you=YOU).status(progress(state="cancelled", cancelled_by=YOU), now=NOW)
+    console = recording_console()
+    console.print(content.extra["rich"])
+    assert "Stopped by you" in console.export_text()
+
+
+@pytest.mark.parametrize(("changes", "footer"), [
+    ({"state": "running"}, "Run 12 · Ctrl-C stops the run and keeps what was found."),
+    ({"state": "queued", "queue_position": 2}, "Run 12 · Waiting: position 2 in the queue. Ctrl-C cancels."),
+    ({"state": "queued"}, "Run 12 · Waiting for a worker to start it. Ctrl-C cancels."),
+    ({"state": "done"}, "Run 12 · Done"),
+    ({"state": "failed", "error": "the model refused"}, "Run 12 · Failed: the model refused"),
+    ({"state": "timed_out"}, "Run 12 · Timed out"),
+])
+def test_the_footer_shows_the_run_id_and_how_to_stop_or_how_it_ended(changes: dict[str, Any], footer: str) -> None:
+    assert screen(progress(**changes)).splitlines()[-1] == footer
+
+
+def test_a_status_drawn_before_the_run_is_stored_has_no_id() -> None:
+    assert screen(progress(run_id=0)).splitlines()[-1] == "Ctrl-C stops the run and keeps what was found."
+
+
+def test_the_elapsed_time_is_shown() -> None:
+    assert "42 s" in screen(progress())
