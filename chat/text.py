@@ -11,11 +11,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from research.report import Report, audit_line, partial_notice, split_title, usage_line
+from research.audit.markdown import closes_fence
+from research.report import Report, ReportSource, audit_line, partial_notice, safe_http_url, split_title, usage_line
 
-FENCE = re.compile(r"^\s*(```|~~~)")
-# A closing fence has nothing after it (CommonMark): "```python" inside a block is code, not its end.
-_CLOSING_FENCE = re.compile(r"^\s*(```|~~~)[`~]*\s*$")
 # Coarsest first: lines, sentences, words (paragraphs come before these where a caller splits whole documents).
 SEPARATORS = ("\n", ". ", " ")
 
@@ -37,32 +35,6 @@ def unchanged(text: str) -> str:
     return text
 
 
-def markdown_paragraphs(markdown: str) -> list[str]:
-    """Block-level paragraphs of `markdown`, split at blank lines; a fenced code block stays in one paragraph."""
-    paragraphs: list[str] = []
-    current: list[str] = []
-    fence: str | None = None
-    for line in markdown.splitlines():
-        marker = FENCE.match(line)
-        if fence is not None:
-            current.append(line)
-            closing = _CLOSING_FENCE.match(line)
-            if closing and closing.group(1) == fence:
-                fence = None
-            continue
-        if marker:
-            fence = marker.group(1)
-            current.append(line)
-        elif line.strip():
-            current.append(line)
-        elif current:
-            paragraphs.append("\n".join(current))
-            current = []
-    if current:
-        paragraphs.append("\n".join(current))
-    return paragraphs
-
-
 _FENCE_OPENING = re.compile(r"^\s*(?P<fence>```|~~~)(?P<info>.*)$")
 _LANGUAGE = re.compile(r"[\w+#.-]{1,20}")
 
@@ -75,8 +47,7 @@ def fenced_block(paragraph: str) -> tuple[str, str, list[str]]:
     if opening is None:
         return "```", "", lines
     fence, info = opening.group("fence"), opening.group("info").strip()
-    closing = _CLOSING_FENCE.match(lines[-1]) if len(lines) > 1 else None
-    closed = closing is not None and closing.group(1) == fence
+    closed = len(lines) > 1 and closes_fence(lines[-1], fence)
     body = lines[1:-1] if closed else lines[1:]
     if _LANGUAGE.fullmatch(info) or not info:
         return fence, info, body
@@ -163,3 +134,13 @@ def title_and_body(report: Report) -> tuple[str, str]:
 def footer_lines(report: Report) -> list[str]:
     """The lines under a report: the partial notice, the citation audit, and the usage."""
     return [line for line in (partial_notice(report), audit_line(report), usage_line(report)) if line]
+
+
+def markdown_source_link(source: ReportSource, escape: Convert) -> str:
+    """A source as a Markdown link `[title](url)` (title through `escape`; parentheses in the URL encoded), or its
+    title and address as text when the address is not http(s)."""
+    title = escape(single_line(source.title) or source.url)
+    url = safe_http_url(source.url)
+    if url:
+        return f"[{title}]({url.replace('(', '%28').replace(')', '%29')})"
+    return f"{title} ({escape(source.url)})" if source.url else title

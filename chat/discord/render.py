@@ -25,10 +25,9 @@ from chat.render import ReportDelivery, with_person
 from chat.state import RunProgress
 from chat.status import Markup, ending, headline, is_unfinished, measures_line, phase_checklist
 from chat.text import (
-    FENCE,
+    markdown_source_link,
     fenced_block,
     footer_lines,
-    markdown_paragraphs,
     pack_pieces,
     shortened,
     single_line,
@@ -36,7 +35,8 @@ from chat.text import (
     title_and_body,
     unchanged,
 )
-from research.report import SNIPPET_LABEL, Report, ReportSource, render_markdown, safe_http_url, stopped_line
+from research.audit.markdown import FENCE, markdown_paragraphs
+from research.report import SNIPPET_LABEL, Report, ReportSource, render_markdown, stopped_line
 
 CONTENT_LIMIT = 2_000
 EMBED_DESCRIPTION_LIMIT = 4_096
@@ -162,11 +162,7 @@ def paragraph_pieces(paragraph: str, limit: int = CONTENT_LIMIT) -> list[str]:
 
 def source_line(source: ReportSource) -> str:
     """`[1] [Title](url)`: the page's title (escaped) linked to its http(s) address."""
-    title = escape_text(single_line(source.title) or source.url)
-    url = safe_http_url(source.url)
-    link = f"[{title}]({url.replace('(', '%28').replace(')', '%29')})" if url else (
-        f"{title} ({escape_text(source.url)})" if source.url else title)
-    line = f"\\[{source.number}\\] {link}"
+    line = f"\\[{source.number}\\] {markdown_source_link(source, escape_text)}"
     return f"{line} *({SNIPPET_LABEL})*" if source.snippet_only else line
 
 

@@ -28,17 +28,17 @@ from chat.render import ReportDelivery, with_person
 from chat.state import RunProgress
 from chat.status import Markup, ending, headline, is_unfinished, measures_line, phase_checklist
 from chat.text import (
-    FENCE,
+    markdown_source_link,
     Convert,
     fenced_block,
     footer_lines,
-    markdown_paragraphs,
     shortened,
     single_line,
     split_source,
     title_and_body,
     unchanged,
 )
+from research.audit.markdown import FENCE, markdown_paragraphs
 from research.report import (
     AUTOLINK,
     CODE_SPAN,
@@ -312,11 +312,7 @@ def _source_line_mrkdwn(source: ReportSource) -> str:
 
 
 def _source_line_markdown(source: ReportSource) -> str:
-    title = _escape_markdown_label(single_line(source.title) or source.url)
-    url = safe_http_url(source.url)
-    link = f"[{title}]({url.replace('(', '%28').replace(')', '%29')})" if url else (
-        f"{title} ({source.url})" if source.url else title)
-    line = f"- \\[{source.number}\\] {link}"
+    line = f"- \\[{source.number}\\] {markdown_source_link(source, _escape_markdown_label)}"
     return escape_text(f"{line} ({SNIPPET_LABEL})" if source.snippet_only else line)
 
 

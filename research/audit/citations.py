@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from research.audit.markdown import code_fences
+
 _ID = r"[pP]\s?\d{1,6}"
 _NUMBER = r"\d{1,3}"  # four digits would be a year, not a citation
 _LABEL = r"(?:(?:sources?|passages?|refs?|references?|citations?|ids?)\s*[:#]?\s*)"
@@ -37,7 +39,6 @@ _MARKER = re.compile(
 _ITEM = re.compile(rf"(?P<id>{_ID})|(?P<number>{_NUMBER})", re.IGNORECASE)
 _RANGE = re.compile(rf"(?P<first>{_ANY_ITEM}){_RANGE_SEPARATOR}(?P<last>{_ANY_ITEM})", re.IGNORECASE)
 _FOOTNOTE_DEFINITION = re.compile(r"^\s{0,3}\[\^[^\]\n]+\]:.*$")
-_FENCE = re.compile(r"^\s*(```|~~~)")
 _CODE_SPAN = re.compile(r"(`+)(?:(?!\1).)+?\1")
 LONGEST_RANGE = 20
 
@@ -106,20 +107,8 @@ class CitationReader:
 def normalise_citations(markdown: str, shown_ids: Sequence[str]) -> str:
     """`markdown` with every citation spelling rewritten as `[pN]` runs and footnote definitions removed."""
     reader = CitationReader(shown_ids)
-    lines: list[str] = []
-    fence: str | None = None
-    for line in markdown.splitlines():
-        marker = _FENCE.match(line)
-        if fence is not None:
-            lines.append(line)
-            if marker and marker.group(1) == fence:
-                fence = None
-            continue
-        if marker:
-            fence = marker.group(1)
-            lines.append(line)
-            continue
-        if _FOOTNOTE_DEFINITION.match(line):
-            continue
-        lines.append(reader.rewrite_line(line))
-    return "\n".join(lines)
+    lines = markdown.splitlines()
+    kept = [line if fence is not None else reader.rewrite_line(line)
+            for line, fence in zip(lines, code_fences(lines))
+            if fence is not None or not _FOOTNOTE_DEFINITION.match(line)]
+    return "\n".join(kept)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 
+from research.audit.markdown import markdown_paragraphs
 from research.llm import strip_reasoning
 
 _FENCED_REPORT = re.compile(r"(?P<fence>```|~~~)[ \t]*(?:markdown|md|text)?[ \t]*\n(?P<body>.*?)\n[ \t]*(?P=fence)[ \t]*(?:\n|$)",
@@ -55,28 +56,6 @@ def unwrap_fenced_report(text: str) -> str:
     return text
 
 
-def _paragraphs(text: str) -> list[str]:
-    """Blank-line separated paragraphs; a fenced block stays in one paragraph."""
-    paragraphs, current, fence = [], [], None
-    for line in text.splitlines():
-        marker = re.match(r"^\s*(```|~~~)", line)
-        if fence is not None:
-            current.append(line)
-            fence = None if marker and marker.group(1) == fence else fence
-            continue
-        if marker:
-            fence = marker.group(1)
-        if not line.strip() and fence is None:
-            if current:
-                paragraphs.append("\n".join(current))
-                current = []
-            continue
-        current.append(line)
-    if current:
-        paragraphs.append("\n".join(current))
-    return paragraphs
-
-
 def _is_heading(line: str) -> bool:
     return bool(_HEADING.match(line) or _BOLD_LINE.match(line))
 
@@ -92,7 +71,7 @@ def _is_framing(paragraph: str, closers: bool) -> bool:
 
 def drop_framing(text: str) -> str:
     """`text` without chat framing before the first heading or claim and after the last."""
-    paragraphs = _paragraphs(text)
+    paragraphs = markdown_paragraphs(text)
     while paragraphs and _is_framing(paragraphs[0], closers=False):
         paragraphs.pop(0)
     while paragraphs and _is_framing(paragraphs[-1], closers=True):

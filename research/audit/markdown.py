@@ -9,6 +9,8 @@ from typing import Literal
 BlockKind = Literal["verbatim", "prose", "heading", "table"]
 
 FENCE = re.compile(r"^\s*(```|~~~)")
+# A closing fence has nothing after it (CommonMark): "```python" inside a block is code, not its end.
+_CLOSING_FENCE = re.compile(r"^\s*(```|~~~)[`~]*\s*$")
 _HEADING = re.compile(r"^(\s{0,3}#{1,6}\s+)(.*)$")
 _RULE = re.compile(r"^\s{0,3}([-*_])(?:\s*\1){2,}\s*$")
 _LIST_ITEM = re.compile(r"^(\s*(?:[-*+]|\d{1,9}[.)])\s+)(.*)$")
@@ -28,6 +30,45 @@ class Block:
     prefix: str = ""
 
 
+def closes_fence(line: str, fence: str) -> bool:
+    """Whether `line` ends a code block opened with `fence`."""
+    closing = _CLOSING_FENCE.match(line)
+    return closing is not None and closing.group(1) == fence
+
+
+def code_fences(lines: list[str]) -> list[str | None]:
+    """For each line, the fence of the code block it is part of (its fence lines included), else None."""
+    marks: list[str | None] = []
+    fence: str | None = None
+    for line in lines:
+        if fence is not None:
+            marks.append(fence)
+            fence = None if closes_fence(line, fence) else fence
+        elif opening := FENCE.match(line):
+            fence = opening.group(1)
+            marks.append(fence)
+        else:
+            marks.append(None)
+    return marks
+
+
+def markdown_paragraphs(markdown: str) -> list[str]:
+    """Block-level paragraphs of `markdown`, split at blank lines; a fenced code block stays in one paragraph."""
+    paragraphs: list[str] = []
+    current: list[str] = []
+    lines = markdown.splitlines()
+    for line, fence in zip(lines, code_fences(lines)):
+        if fence is None and not line.strip():
+            if current:
+                paragraphs.append("\n".join(current))
+                current = []
+            continue
+        current.append(line)
+    if current:
+        paragraphs.append("\n".join(current))
+    return paragraphs
+
+
 def split_blocks(markdown: str) -> list[Block]:
     """The draft as blocks whose joined text (by newlines) is the draft again."""
     blocks: list[Block] = []
@@ -38,7 +79,7 @@ def split_blocks(markdown: str) -> list[Block]:
         if FENCE.match(line):
             fence = FENCE.match(line).group(1)  # type: ignore[union-attr]
             end = index + 1
-            while end < len(lines) and not lines[end].strip().startswith(fence):
+            while end < len(lines) and not closes_fence(lines[end], fence):
                 end += 1
             blocks.append(Block("verbatim", "\n".join(lines[index:end + 1])))
             index = end + 1

@@ -13,7 +13,7 @@ from research.engine import NO_SOURCES_NOTICE, ResearchState, ResearchTools, unf
 from research.fetch import FetchConfig
 from research.llm import LLMClient
 from research.models import Document, FetchResult, SearchResult
-from research.phases.verify import UNVERIFIED_MARKER, AuditResult
+from research.audit import UNVERIFIED_MARKER, AuditResult
 from research.report import (
     STOPPED_BY_USER_LINE,
     AuditFigures,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from research.models import Passage, SearchResult
-from research.phases.verify import (
+from research.audit import (
     JUDGE_BATCH_SIZE,
     UNVERIFIED_MARKER,
     AuditResult,
