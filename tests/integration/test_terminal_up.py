@@ -46,7 +46,7 @@ def kill_leftovers(directory: Path) -> None:
             pass
 
 
-def test_up_answers_stops_a_run_on_ctrl_c_keeps_answering_keeps_logs_off_screen_and_quits_cleanly(
+def test_up_answers_stops_a_run_on_ctrl_c_keeps_answering_keeps_logs_off_screen_takes_commands_and_quits_cleanly(
         tmp_path: Path, redis_url: str) -> None:
     from storage.redis import connect
 
@@ -90,6 +90,19 @@ def test_up_answers_stops_a_run_on_ctrl_c_keeps_answering_keeps_logs_off_screen_
             child.expect("Here is a short answer")
             child.expect("› ")
 
+            child.sendline("/help")
+            child.expect_exact("/export")
+            child.expect("› ")
+            child.sendline("/history")
+            child.expect("cancelled")
+            child.expect("› ")
+            child.sendline("/export 1 html")
+            child.expect("Saved the report of run 1 to ")
+            child.expect("› ")
+            child.sendline("/frobnicate")
+            child.expect_exact("Unknown command /frobnicate")
+            child.expect("› ")
+
             child.sendline("/quit")
             child.expect(pexpect.EOF)
             child.wait()
@@ -107,3 +120,4 @@ def test_up_answers_stops_a_run_on_ctrl_c_keeps_answering_keeps_logs_off_screen_
     screen = screen_path.read_text(encoding="utf-8")
     assert [word for word in NOT_ON_SCREEN if word in screen] == []
     assert (workdir / "data" / "logs" / "worker.log").stat().st_size > 0
+    assert (workdir / "data" / "exports" / "deepthread-report-1.html").read_text().startswith("<!DOCTYPE html>")

@@ -109,7 +109,7 @@ def test_request_urls_are_not_logged_at_info(tmp_path) -> None:
     try:
         configure_logging(load_settings(log_level="INFO"), path=tmp_path / "log")
         assert not httpx_logger.isEnabledFor(logging.INFO)
-        assert logging.getLogger("deepthread").isEnabledFor(logging.INFO)
+        assert logging.getLogger("test_cli_probe").isEnabledFor(logging.INFO), "our own INFO lines still go out"
     finally:
         root.handlers[:] = saved_handlers
         root.setLevel(saved_level)
