@@ -492,9 +492,9 @@ async def test_token_never_appears_in_errors_or_logs(discord: FakeDiscord, http:
 
 
 def test_build_discord_http_signs_with_the_bot_token_under_the_api_url() -> None:
-    client = build_discord_http(TOKEN, "https://discord.com/api/v10")
+    client = build_discord_http(TOKEN, "http://127.0.0.1:9/api/v10")
     request = client.build_request("POST", "/channels/1/messages")
-    assert str(request.url) == "https://discord.com/api/v10/channels/1/messages"
+    assert str(request.url) == "http://127.0.0.1:9/api/v10/channels/1/messages"
     assert request.headers["Authorization"] == f"Bot {TOKEN}"
     assert request.headers["User-Agent"] == "DiscordBot (https://github.com/deepthread, 0.1)"
     assert client.timeout.read is not None
