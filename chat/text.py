@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from research.audit.markdown import closes_fence
+from research.markdown import closes_fence
 from research.report import Report, ReportSource, audit_line, partial_notice, safe_http_url, split_title, usage_line
 
 # Coarsest first: lines, sentences, words (paragraphs come before these where a caller splits whole documents).

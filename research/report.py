@@ -10,7 +10,9 @@ import re
 from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, Field, computed_field
+from pydantic import BaseModel, Field, computed_field, model_validator
+
+from research.markdown import code_fences
 
 from research.llm import ModelUsage
 
@@ -101,6 +103,38 @@ class Report(BaseModel):
     stopped_by_user: bool = False
     plan: dict[str, Any] | None = None
     created_at: dt.datetime = Field(default_factory=_now)
+
+    @model_validator(mode="after")
+    def _only_source_links(self) -> "Report":
+        # A model, or a page steering it, must not hide where a link goes behind any label it likes.
+        self.body_markdown = only_source_links(self.body_markdown, [source.url for source in self.sources])
+        return self
+
+
+def _comparable_url(url: str) -> str:
+    return url.strip().rstrip("/").lower()
+
+
+def only_source_links(markdown: str, source_urls: list[str]) -> str:
+    """`markdown` with every link whose target is not one of `source_urls` written as its label and its address
+    in plain text (`label (https://…)`); links to the sources, and anything in code, stay as they are."""
+    allowed = {_comparable_url(url) for url in source_urls if url}
+
+    def as_text(link: re.Match[str]) -> str:
+        label, url = link.group(1), link.group(2)
+        return link.group(0) if _comparable_url(url) in allowed else f"{label} ({url})"
+
+    def outside_code(line: str) -> str:
+        pieces, position = [], 0
+        for span in CODE_SPAN.finditer(line):
+            pieces.append(MARKDOWN_LINK.sub(as_text, line[position:span.start()]))
+            pieces.append(span.group(0))
+            position = span.end()
+        pieces.append(MARKDOWN_LINK.sub(as_text, line[position:]))
+        return "".join(pieces)
+
+    lines = markdown.splitlines()
+    return "\n".join(line if fence is not None else outside_code(line) for line, fence in zip(lines, code_fences(lines)))
 
 
 # --- shared pieces -------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from chat.text import (
     title_and_body,
     unchanged,
 )
-from research.audit.markdown import FENCE, markdown_paragraphs
+from research.markdown import FENCE, markdown_paragraphs
 from research.report import SNIPPET_LABEL, Report, ReportSource, render_markdown, stopped_line
 
 CONTENT_LIMIT = 2_000

@@ -38,7 +38,7 @@ from chat.text import (
     title_and_body,
     unchanged,
 )
-from research.audit.markdown import FENCE, markdown_paragraphs
+from research.markdown import FENCE, markdown_paragraphs
 from research.report import (
     AUTOLINK,
     CODE_SPAN,

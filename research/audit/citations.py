@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from research.audit.markdown import code_fences
+from research.markdown import code_fences
 
 _ID = r"[pP]\s?\d{1,6}"
 _NUMBER = r"\d{1,3}"  # four digits would be a year, not a citation

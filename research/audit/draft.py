@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from research.audit.markdown import markdown_paragraphs
+from research.markdown import markdown_paragraphs
 from research.llm import strip_reasoning
 
 _FENCED_REPORT = re.compile(r"(?P<fence>```|~~~)[ \t]*(?:markdown|md|text)?[ \t]*\n(?P<body>.*?)\n[ \t]*(?P=fence)[ \t]*(?:\n|$)",

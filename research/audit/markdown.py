@@ -6,11 +6,10 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from research.markdown import FENCE, closes_fence
+
 BlockKind = Literal["verbatim", "prose", "heading", "table"]
 
-FENCE = re.compile(r"^\s*(```|~~~)")
-# A closing fence has nothing after it (CommonMark): "```python" inside a block is code, not its end.
-_CLOSING_FENCE = re.compile(r"^\s*(```|~~~)[`~]*\s*$")
 _HEADING = re.compile(r"^(\s{0,3}#{1,6}\s+)(.*)$")
 _RULE = re.compile(r"^\s{0,3}([-*_])(?:\s*\1){2,}\s*$")
 _LIST_ITEM = re.compile(r"^(\s*(?:[-*+]|\d{1,9}[.)])\s+)(.*)$")
@@ -28,45 +27,6 @@ class Block:
     kind: BlockKind
     content: str
     prefix: str = ""
-
-
-def closes_fence(line: str, fence: str) -> bool:
-    """Whether `line` ends a code block opened with `fence`."""
-    closing = _CLOSING_FENCE.match(line)
-    return closing is not None and closing.group(1) == fence
-
-
-def code_fences(lines: list[str]) -> list[str | None]:
-    """For each line, the fence of the code block it is part of (its fence lines included), else None."""
-    marks: list[str | None] = []
-    fence: str | None = None
-    for line in lines:
-        if fence is not None:
-            marks.append(fence)
-            fence = None if closes_fence(line, fence) else fence
-        elif opening := FENCE.match(line):
-            fence = opening.group(1)
-            marks.append(fence)
-        else:
-            marks.append(None)
-    return marks
-
-
-def markdown_paragraphs(markdown: str) -> list[str]:
-    """Block-level paragraphs of `markdown`, split at blank lines; a fenced code block stays in one paragraph."""
-    paragraphs: list[str] = []
-    current: list[str] = []
-    lines = markdown.splitlines()
-    for line, fence in zip(lines, code_fences(lines)):
-        if fence is None and not line.strip():
-            if current:
-                paragraphs.append("\n".join(current))
-                current = []
-            continue
-        current.append(line)
-    if current:
-        paragraphs.append("\n".join(current))
-    return paragraphs
 
 
 def split_blocks(markdown: str) -> list[Block]:

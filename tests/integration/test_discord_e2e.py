@@ -24,7 +24,7 @@ from bot.discord.app import DiscordBot, discover
 from bot.discord.bundle import BUNDLE as DISCORD
 from bot.discord.bundle import http as discord_http
 from chat.discord.render import CONTENT_LIMIT, paragraph_to_discord
-from research.audit.markdown import markdown_paragraphs
+from research.markdown import markdown_paragraphs
 from storage.models import Run
 from tests.fakes.corpus import QUESTION, Corpus
 from tests.fakes.discord_api import DiscordMessage, FakeDiscord, FakeUser

@@ -25,7 +25,7 @@ from chat.discord.render import (
 from chat.message import Content
 from chat.state import PhaseLine, initial_progress
 from chat.text import title_and_body
-from research.audit.markdown import markdown_paragraphs
+from research.markdown import markdown_paragraphs
 from research.report import Report, ReportSource, render_markdown
 
 REQUESTER = "discord:123456789012345678"

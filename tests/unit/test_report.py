@@ -270,3 +270,29 @@ def test_json_parser_rejects_what_is_not_a_report() -> None:
 def test_split_title_takes_the_leading_heading() -> None:
     assert split_title("\n# A title\n\n## Summary\n\nText.") == ("A title", "## Summary\n\nText.")
     assert split_title("## Summary\n\nText.") == (None, "## Summary\n\nText.")
+
+
+def test_only_links_to_the_report_s_sources_stay_links() -> None:
+    from research.report import ReportSource, only_source_links
+
+    body = ("See [the agency](https://energy.example/report) and [your bank](https://evil.example/login) [1]. "
+            "Code `[x](https://evil.example)` stays.\n\n```\n[a](https://evil.example)\n```")
+    report = Report(title="t", body_markdown=body,
+                    sources=[ReportSource(number=1, source_id="s1", title="A", url="https://energy.example/report/")])
+    assert "[the agency](https://energy.example/report)" in report.body_markdown, "a source's link stays live"
+    assert "your bank (https://evil.example/login)" in report.body_markdown, "any other shows where it goes"
+    assert "`[x](https://evil.example)`" in report.body_markdown and "\n[a](https://evil.example)\n" in report.body_markdown
+    assert Report.model_validate(report.model_dump()).body_markdown == report.body_markdown
+    assert only_source_links("[x](https://a.example)", []) == "x (https://a.example)"
+
+
+def test_a_phishing_link_in_a_report_is_not_live_on_any_platform() -> None:
+    from chat.discord.render import DiscordRenderer
+    from chat.slack.render import SlackRenderer
+
+    report = Report(title="t", body_markdown="Log in at [your bank](https://evil.example/login) now.")
+    shown = "\n".join(content.text for renderer in (SlackRenderer(), SlackRenderer(use_markdown_blocks=False),
+                                                   DiscordRenderer())
+                      for content in renderer.report(report, requester="u").messages)
+    assert "](https://evil.example" not in shown and "|your bank>" not in shown
+    assert ">your bank</a>" not in render_html(report), "a link may show its own address, never a disguise"
