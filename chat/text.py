@@ -8,10 +8,8 @@ goes, because converting (escaping) can make text longer than it was.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 
-from research.markdown import closes_fence
 from research.report import Report, ReportSource, audit_line, partial_notice, safe_http_url, split_title, usage_line
 
 # Coarsest first: lines, sentences, words (paragraphs come before these where a caller splits whole documents).
@@ -33,25 +31,6 @@ def shortened(text: str, limit: int) -> str:
 
 def unchanged(text: str) -> str:
     return text
-
-
-_FENCE_OPENING = re.compile(r"^\s*(?P<fence>```|~~~)(?P<info>.*)$")
-_LANGUAGE = re.compile(r"[\w+#.-]{1,20}")
-
-
-def fenced_block(paragraph: str) -> tuple[str, str, list[str]]:
-    """A fenced code block's fence, language and code lines (the closing fence left out). Text after the opening
-    fence that is not a short language name is code, so nothing written there is lost."""
-    lines = paragraph.splitlines()
-    opening = _FENCE_OPENING.match(lines[0])
-    if opening is None:
-        return "```", "", lines
-    fence, info = opening.group("fence"), opening.group("info").strip()
-    closed = len(lines) > 1 and closes_fence(lines[-1], fence)
-    body = lines[1:-1] if closed else lines[1:]
-    if _LANGUAGE.fullmatch(info) or not info:
-        return fence, info, body
-    return fence, "", [info, *body]
 
 
 def _tokens(text: str, separator: str) -> list[str]:

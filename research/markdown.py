@@ -47,3 +47,22 @@ def markdown_paragraphs(markdown: str) -> list[str]:
     if current:
         paragraphs.append("\n".join(current))
     return paragraphs
+
+
+_FENCE_OPENING = re.compile(r"^\s*(?P<fence>```|~~~)(?P<info>.*)$")
+_LANGUAGE = re.compile(r"[\w+#.-]{1,20}")
+
+
+def fenced_block(paragraph: str) -> tuple[str, str, list[str]]:
+    """A fenced code block's fence, language and code lines (the closing fence left out). Text after the opening
+    fence that is not a short language name is code, so nothing written there is lost."""
+    lines = paragraph.splitlines()
+    opening = _FENCE_OPENING.match(lines[0])
+    if opening is None:
+        return "```", "", lines
+    fence, info = opening.group("fence"), opening.group("info").strip()
+    closed = len(lines) > 1 and closes_fence(lines[-1], fence)
+    body = lines[1:-1] if closed else lines[1:]
+    if _LANGUAGE.fullmatch(info) or not info:
+        return fence, info, body
+    return fence, "", [info, *body]

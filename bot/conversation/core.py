@@ -120,10 +120,11 @@ class ConversationCore:
             request = commands.parse_request(text, default_mode)
         except UsageProblem as problem:
             return Outcome(replies=[Reply(text=str(problem), private=True)])
-        if (refusal := await asyncio.to_thread(self._queue_full, event.user)) is not None:
-            return Outcome(replies=[refusal])
         if event.kind == "command" and event.thread is None:
-            # A command in a channel opens a thread of its own, with the run's status message in place at once.
+            # A command in a channel opens a thread of its own, with the run's status message in place at once;
+            # the queue cap is checked first, so a refused run leaves nothing posted.
+            if (refusal := await asyncio.to_thread(self._queue_full, event.user)) is not None:
+                return Outcome(replies=[refusal])
             waiting = initial_progress(run_id=0, mode=request.mode, question=request.question, requested_by=event.user)
             opened = await self.messenger.open_thread(
                 Place(platform=event.platform, workspace=event.workspace, channel=event.channel),

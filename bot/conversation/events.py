@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Protocol
 
 from pydantic import BaseModel, Field
 
@@ -58,3 +58,9 @@ class Outcome(BaseModel):
     run_id: int | None = None
     cancelled_run_id: int | None = None
     thread: str | None = None
+
+
+class ConversationHandler(Protocol):
+    """The conversation core as an adapter sees it."""
+
+    async def handle(self, event: ChatEvent) -> Outcome: ...

@@ -16,7 +16,7 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import discord
 import discord.gateway
@@ -25,7 +25,7 @@ import httpx
 import yarl
 from discord import app_commands
 
-from bot.conversation.events import ChatEvent, Outcome, Reply
+from bot.conversation.events import ChatEvent, ConversationHandler, Outcome, Reply
 from bot.discord.events import (
     COMMANDS,
     Depth,
@@ -64,11 +64,6 @@ MESSAGE_CONTENT_OFF = ("The message-content intent is off for this application, 
                        "replies that mention it. Turn on Message Content Intent under Bot in the Discord developer "
                        "portal to answer every follow-up.")
 
-
-class ConversationHandler(Protocol):
-    """The conversation core as the adapter sees it."""
-
-    async def handle(self, event: ChatEvent) -> Outcome: ...
 
 
 PrivateSender = Callable[[str], Awaitable[None]]

@@ -17,7 +17,7 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 from pydantic import BaseModel
 from slack_bolt.async_app import AsyncAck, AsyncApp, AsyncBoltContext, AsyncRespond
@@ -25,7 +25,7 @@ from slack_bolt.response import BoltResponse
 from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.conversation.events import ChatEvent, HistoryMessage, Outcome, Reply
+from bot.conversation.events import ChatEvent, ConversationHandler, HistoryMessage, Outcome, Reply
 from chat.slack.messenger import build_slack_client
 from chat.slack.render import SlackRenderer
 from bot.slack.bundle import missing_adapter_setting
@@ -48,11 +48,6 @@ MEMBERSHIP_CACHE_SECONDS = 300.0
 REPLIES = SlackRenderer()
 SOMETHING_WENT_WRONG = "Sorry, something went wrong while handling that. Please try again in a moment."
 
-
-class ConversationHandler(Protocol):
-    """The conversation core as the adapter sees it."""
-
-    async def handle(self, event: ChatEvent) -> Outcome: ...
 
 
 # --- payloads to events -----------------------------------------------------------------------------

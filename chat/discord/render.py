@@ -26,7 +26,6 @@ from chat.state import RunProgress
 from chat.status import Markup, ending, headline, is_unfinished, measures_line, phase_checklist
 from chat.text import (
     markdown_source_link,
-    fenced_block,
     footer_lines,
     pack_pieces,
     shortened,
@@ -35,7 +34,7 @@ from chat.text import (
     title_and_body,
     unchanged,
 )
-from research.markdown import FENCE, markdown_paragraphs
+from research.markdown import FENCE, fenced_block, markdown_paragraphs
 from research.report import SNIPPET_LABEL, Report, ReportSource, render_markdown, stopped_line
 
 CONTENT_LIMIT = 2_000

@@ -30,7 +30,6 @@ from chat.status import Markup, ending, headline, is_unfinished, measures_line, 
 from chat.text import (
     markdown_source_link,
     Convert,
-    fenced_block,
     footer_lines,
     shortened,
     single_line,
@@ -38,7 +37,7 @@ from chat.text import (
     title_and_body,
     unchanged,
 )
-from research.markdown import FENCE, markdown_paragraphs
+from research.markdown import FENCE, fenced_block, markdown_paragraphs
 from research.report import (
     AUTOLINK,
     CODE_SPAN,

@@ -9,7 +9,7 @@ import pexpect
 import pytest
 from sqlalchemy import select
 
-from storage.models import Event, Run
+from storage.models import Run
 from tests.fakes.corpus import QUESTION, Corpus
 from tests.fakes.slack_api import FakeSlack
 from tests.integration.workers import Cluster
@@ -90,13 +90,7 @@ def test_terminal_chat_answers_plans_runs_the_plan_on_go_answers_its_commands_an
             corpus.web.latency = 20.0
             child.sendline(f"/research {QUESTION} --site alpha.example")
 
-            def fetching() -> bool:
-                with cluster.sessions() as session:
-                    newest = session.scalars(select(Run).order_by(Run.id.desc())).first()
-                    return newest.mode == "research" and newest.state == "running" and session.scalars(
-                        select(Event).where(Event.run_id == newest.id, Event.phase == "fetch")).first() is not None
-
-            cluster.wait_for(fetching, 60, "the last run to be fetching")
+            cluster.wait_for(cluster.newest_run_is_fetching, 60, "the last run to be fetching")
             child.sendintr()
             child.expect(r"Stopped(\x1b\[[\d;]*m)* by you")
             child.expect("› ")

@@ -12,7 +12,7 @@ import pexpect
 import pytest
 from sqlalchemy import select
 
-from storage.models import Event, Run
+from storage.models import Run
 from tests.fakes.corpus import QUESTION, Corpus
 from tests.integration.workers import Cluster
 
@@ -73,13 +73,7 @@ def test_up_answers_stops_a_run_on_ctrl_c_keeps_answering_keeps_logs_off_screen_
             corpus.web.latency = 20.0
             child.sendline(f"/research {QUESTION} --site alpha.example")
 
-            def fetching() -> bool:
-                with cluster.sessions() as session:
-                    newest = session.scalars(select(Run).order_by(Run.id.desc())).first()
-                    return newest.mode == "research" and newest.state == "running" and session.scalars(
-                        select(Event).where(Event.run_id == newest.id, Event.phase == "fetch")).first() is not None
-
-            cluster.wait_for(fetching, 60, "the research run to be fetching")
+            cluster.wait_for(cluster.newest_run_is_fetching, 60, "the research run to be fetching")
             child.sendintr()
             child.expect(STOPPED_BY_YOU)
             child.expect("› ")

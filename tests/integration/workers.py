@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from chat.message import Content, MessageRef, Place
@@ -129,6 +130,15 @@ class Cluster:
             time.sleep(0.1)
         logs = "\n".join(f"--- {name}\n{self.log(name)[-3000:]}" for name in self.workers)
         raise AssertionError(f"timed out after {timeout} s waiting for {message}\n{logs}")
+
+    def newest_run_is_fetching(self) -> bool:
+        """Whether the newest run is research that has started fetching pages (a moment to stop it mid-run)."""
+        from storage.models import Event
+
+        with self.sessions() as session:
+            newest = session.scalars(select(Run).order_by(Run.id.desc())).first()
+            return newest is not None and newest.mode == "research" and newest.state == "running" and session.scalars(
+                select(Event).where(Event.run_id == newest.id, Event.phase == "fetch")).first() is not None
 
     def wait_for_state(self, run_id: int, states: set[str], timeout: float = 60) -> Run:
         return self.wait_for(lambda: (run := self.run(run_id)) is not None and run.state in states and run,
