@@ -76,13 +76,26 @@ class Settings(BaseSettings):
     research_max_sources: int = Field(default=12, gt=0)
     research_max_fetch_bytes: int = Field(default=25 * MIB, gt=0)
     research_max_llm_tokens: int = Field(default=200_000, gt=0)
+    # The thread's earlier messages sent with any run (newest kept first, the one that overflows shortened).
+    chat_max_context_tokens: int = Field(default=12_000, gt=0)
+    # The output limit of one chat answer or follow-up (reasoning models think inside it).
+    chat_max_output_tokens: int = Field(default=4_000, gt=0)
+    # All model calls of one chat answer or follow-up together; past it the follow-up's citation check is skipped.
+    chat_max_llm_tokens: int = Field(default=40_000, gt=0)
     research_blocked_domains: CommaList = Field(default_factory=list)
     research_preferred_domains: CommaList = Field(default_factory=list)
 
     worker_concurrency: int = Field(default=8, gt=0)
+    # One page's extraction in the CPU pool: its process is killed past this time or address-space limit.
+    extract_timeout_seconds: float = Field(default=20, gt=0)
+    extract_memory_limit_mb: int = Field(default=1024, ge=256)
     worker_lease_seconds: float = Field(default=30, gt=0)
     worker_deadline_grace_seconds: float = Field(default=60, ge=0)
     status_edits_per_minute: int = Field(default=40, gt=0)
+    # A report the platform refused for a while is retried by the resume sweep, backing off, this many times in all.
+    delivery_max_attempts: int = Field(default=8, gt=0)
+    delivery_retry_seconds: float = Field(default=30, gt=0)
+    delivery_retry_max_seconds: float = Field(default=1800, gt=0)
     max_runs_per_user: int = Field(default=1, gt=0)
     max_runs_per_workspace: int = Field(default=10, gt=0)
     max_queued_per_user: int = Field(default=3, gt=0)
