@@ -159,7 +159,9 @@ def _run_in_terminal(mode: str, question: str, options: dict, output_format: str
     from research.cpu import cpu_pool
 
     try:
-        tools = build_research_tools(settings, cpu_pool=cpu_pool(2))
+        tools = build_research_tools(settings, cpu_pool=cpu_pool(
+            2, task_timeout_seconds=settings.extract_timeout_seconds,
+            memory_limit_bytes=settings.extract_memory_limit_mb * 1024 * 1024))
     except ValueError as error:
         typer.echo(str(error), err=True)
         raise typer.Exit(code=2) from None

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import codecs
 import copy
+import io
 import logging
 import re
 import threading
 import unicodedata
+import zlib
 from collections.abc import Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import lxml.etree
 import lxml.html
@@ -24,8 +26,18 @@ from trafilatura.utils import load_html
 
 from research.models import Document, SearchResult
 
+if TYPE_CHECKING:
+    from pypdf.generic import StreamObject
+
 DEFAULT_MAX_PDF_PAGES = 50
 DEFAULT_MAX_TEXT_CHARACTERS = 300_000
+# Markup past this many decoded characters is cut before parsing: a 20 MiB table costs GiBs and minutes to parse.
+DEFAULT_MAX_HTML_CHARACTERS = 2_000_000
+# trafilatura takes seconds per 100,000 elements; a page with more is read by the linear fallback extractor.
+DEFAULT_MAX_HTML_ELEMENTS = 50_000
+# A page's content streams inflated past this are refused before pdfium, which needs ~12 times as much memory.
+DEFAULT_MAX_PDF_PAGE_CONTENT_BYTES = 16 * 1024 * 1024
+_INFLATE_CHUNK_BYTES = 1024 * 1024
 
 BodyKind = Literal["html", "pdf", "text"]
 
@@ -78,13 +90,18 @@ def extract_document(
     *,
     max_pdf_pages: int = DEFAULT_MAX_PDF_PAGES,
     max_text_characters: int = DEFAULT_MAX_TEXT_CHARACTERS,
+    max_html_characters: int = DEFAULT_MAX_HTML_CHARACTERS,
+    max_html_elements: int = DEFAULT_MAX_HTML_ELEMENTS,
+    max_pdf_page_content_bytes: int | None = DEFAULT_MAX_PDF_PAGE_CONTENT_BYTES,
 ) -> Document | None:
     """The main text of a fetched HTML, XHTML, PDF or plain-text body, or None when it holds nothing readable."""
     kind = detect_body_kind(body, content_type)
     if kind == "html":
-        return extract_html(url, body, content_type, max_text_characters=max_text_characters)
+        return extract_html(url, body, content_type, max_text_characters=max_text_characters,
+                            max_html_characters=max_html_characters, max_html_elements=max_html_elements)
     if kind == "pdf":
-        return extract_pdf(url, body, max_pages=max_pdf_pages, max_text_characters=max_text_characters)
+        return extract_pdf(url, body, max_pages=max_pdf_pages, max_text_characters=max_text_characters,
+                           max_page_content_bytes=max_pdf_page_content_bytes)
     if kind == "text":
         return extract_plain_text(url, body, content_type, max_text_characters=max_text_characters)
     return None
@@ -135,12 +152,27 @@ def extract_html(
     content_type: str | None = None,
     *,
     max_text_characters: int = DEFAULT_MAX_TEXT_CHARACTERS,
+    max_html_characters: int = DEFAULT_MAX_HTML_CHARACTERS,
+    max_html_elements: int = DEFAULT_MAX_HTML_ELEMENTS,
 ) -> Document | None:
-    """The article text, title, author and date of an HTML page; the plain fallback extractor when trafilatura finds nothing."""
-    tree = parse_html(decode_body(body, content_type))
+    """The article text, title, author and date of an HTML page; the plain fallback extractor when trafilatura finds nothing.
+
+    Only the first `max_html_characters` of the decoded markup are parsed, and a page of more than
+    `max_html_elements` elements goes to the fallback extractor alone.
+    """
+    html = decode_body(body, content_type)
+    if len(html) > max_html_characters:
+        logger.info("%s has %d characters of markup; parsing the first %d", url, len(html), max_html_characters)
+        html = html[:max_html_characters]
+    tree = parse_html(html)
     if tree is None:
         return None
-    extracted = _trafilatura_extraction(tree, url)
+    element_count = _count_up_to(tree, max_html_elements + 1)
+    if element_count > max_html_elements:
+        logger.info("%s has over %d elements; reading it with the fallback extractor only", url, max_html_elements)
+        extracted = None
+    else:
+        extracted = _trafilatura_extraction(tree, url)
     text = _clean_text(extracted.text) if extracted is not None and extracted.text else ""
     if not text:
         text = _fallback_text_of_tree(tree)
@@ -185,10 +217,16 @@ def extract_pdf(
     *,
     max_pages: int = DEFAULT_MAX_PDF_PAGES,
     max_text_characters: int = DEFAULT_MAX_TEXT_CHARACTERS,
+    max_page_content_bytes: int | None = DEFAULT_MAX_PDF_PAGE_CONTENT_BYTES,
 ) -> Document | None:
-    """The text of a PDF's first `max_pages` pages with its title and author, or None when it is unreadable or has no text."""
+    """The text of a PDF's first `max_pages` pages with its title and author, or None when it is unreadable, has no text,
+    or has a page whose content streams inflate past `max_page_content_bytes` (checked before any page is parsed).
+    """
+    if max_page_content_bytes is not None and _has_oversized_page_content(body, max_pages, max_page_content_bytes):
+        logger.warning("%s has a page whose content inflates past %d bytes; not reading it", url, max_page_content_bytes)
+        return None
     try:
-        page_texts, metadata = _pdfium_pages(body, max_pages)
+        page_texts, metadata = _pdfium_pages(body, max_pages, max_text_characters)
     except Exception as error:  # pdfium raises its own error types and ctypes errors on broken files
         logger.info("pdfium could not read %s (%s); trying pypdf", url, type(error).__name__)
         try:
@@ -326,8 +364,54 @@ def _collapse_source_whitespace(tree: lxml.html.HtmlElement) -> None:
             element.tail = _SOURCE_WHITESPACE.sub(" ", tail)
 
 
-def _pdfium_pages(body: bytes, max_pages: int) -> tuple[list[str], dict[str, str]]:
-    """Text of each of the first pages and the title/author metadata, read with pdfium."""
+def _count_up_to(tree: lxml.html.HtmlElement, limit: int) -> int:
+    """How many elements a tree has, counting no further than `limit`."""
+    count = 0
+    for count, _ in enumerate(tree.iter(), start=1):
+        if count >= limit:
+            break
+    return count
+
+
+def _has_oversized_page_content(body: bytes, max_pages: int, max_content_bytes: int) -> bool:
+    """Whether one of the first pages has Flate content streams that inflate past `max_content_bytes`, inflated in chunks to know."""
+    import pypdf
+    from pypdf.generic import ArrayObject, StreamObject
+
+    try:
+        reader = pypdf.PdfReader(io.BytesIO(body))
+        pages = [reader.pages[index] for index in range(min(len(reader.pages), max_pages))]
+        for page in pages:
+            contents = page.get("/Contents")
+            contents = contents.get_object() if contents is not None else None
+            streams = list(contents) if isinstance(contents, ArrayObject) else [contents]
+            inflated = 0
+            for reference in streams:
+                stream = reference.get_object() if reference is not None else None
+                if isinstance(stream, StreamObject):
+                    inflated += _inflated_size(stream, max_content_bytes - inflated + 1)
+                if inflated > max_content_bytes:
+                    return True
+    except Exception as error:  # pypdf raises many error types on broken files; pdfium may still read them
+        logger.info("pypdf could not check the page contents (%s)", type(error).__name__)
+    return False
+
+
+def _inflated_size(stream: StreamObject, limit: int) -> int:
+    """The size of a content stream once inflated, counting no further than `limit`; other filters count their raw size."""
+    filters = stream.get("/Filter")
+    raw: bytes = stream._data  # the encoded bytes: pypdf has no public reader that leaves them undecoded
+    if filters not in ("/FlateDecode", ["/FlateDecode"]):
+        return len(raw)
+    inflater = zlib.decompressobj()
+    size = len(inflater.decompress(raw, _INFLATE_CHUNK_BYTES))
+    while inflater.unconsumed_tail and size < limit:
+        size += len(inflater.decompress(inflater.unconsumed_tail, _INFLATE_CHUNK_BYTES))
+    return size
+
+
+def _pdfium_pages(body: bytes, max_pages: int, max_characters: int) -> tuple[list[str], dict[str, str]]:
+    """Text of each of the first pages, up to the page holding the `max_characters`th character, and the title/author metadata, read with pdfium."""
     import pypdfium2  # imported here so HTML-only workers never load the native library
 
     with _PDFIUM_LOCK:
@@ -335,10 +419,14 @@ def _pdfium_pages(body: bytes, max_pages: int) -> tuple[list[str], dict[str, str
         try:
             metadata = document.get_metadata_dict(skip_empty=True)
             texts: list[str] = []
+            characters = 0
             for index in range(min(len(document), max_pages)):
+                if characters >= max_characters:
+                    break
                 page = document[index]
                 textpage = page.get_textpage()
                 texts.append(textpage.get_text_bounded())
+                characters += len(texts[-1])
                 textpage.close()
                 page.close()
         finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from concurrent.futures import Executor
 
 from research.budget import ResearchOptions
@@ -13,12 +14,20 @@ from research.passages import assign_passage_ids
 from research.phases.decompose import Decomposition
 from research.rank import rank_passages_for_queries, select_passages
 
+logger = logging.getLogger(__name__)
+
 
 async def extract_pages(pages: list[tuple[str, FetchResult]], *, cpu_pool: Executor | None) -> dict[str, Document]:
-    """Each page's main text, extracted in the CPU pool; pages with nothing readable are left out."""
+    """Each page's main text, extracted in the CPU pool; pages with nothing readable, or whose extraction failed, was killed or ran out of memory, are left out."""
 
     async def extract(source_id: str, page: FetchResult) -> tuple[str, Document | None]:
-        document = await run_cpu(extract_document, page.final_url or page.url, page.body, page.content_type, pool=cpu_pool)
+        url = page.final_url or page.url
+        try:
+            document = await run_cpu(extract_document, url, page.body, page.content_type, pool=cpu_pool)
+        except Exception as error:  # a parser's error, a killed or dead child, memory: only this page is lost
+            # The error's type only: parsers quote the page in their messages.
+            logger.warning("no text from %s (%s): %s", source_id, url, type(error).__name__)
+            return source_id, None
         return source_id, document
 
     extracted = await asyncio.gather(*(extract(source_id, page) for source_id, page in pages))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import pickle
 import re
+import zlib
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -291,3 +292,60 @@ async def test_run_cpu_without_a_pool_runs_inline() -> None:
 def test_utf8_body_wrongly_declared_as_latin1_is_still_read_as_utf8() -> None:
     body = "<html><body><p>Zürich – café</p></body></html>".encode()
     assert "Zürich – café" in decode_body(body, "text/html; charset=ISO-8859-1")
+
+
+def _flate_pdf(inflated_bytes: int) -> bytes:
+    """A one-page PDF whose FlateDecode content stream inflates to about `inflated_bytes` of text operators."""
+    operators = b"BT /F1 12 Tf 72 712 Td (Inflated page text) Tj ET\n"
+    stream = zlib.compress(operators * (inflated_bytes // len(operators)), 9)
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R /Resources << /Font << /F1 5 0 R >> >> >>",
+        b"<< /Length %d /Filter /FlateDecode >>\nstream\n" % len(stream) + stream + b"\nendstream",
+        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+    ]
+    document = bytearray(b"%PDF-1.4\n")
+    offsets = []
+    for number, body in enumerate(objects, start=1):
+        offsets.append(len(document))
+        document += b"%d 0 obj\n" % number + body + b"\nendobj\n"
+    cross_reference = len(document)
+    document += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    document += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
+    document += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, cross_reference)
+    return bytes(document)
+
+
+def test_markup_past_the_character_cap_is_cut_before_parsing() -> None:
+    late_sentence = "This closing paragraph sits far down the page, after a great deal of filler text."
+    filler = "<p>" + "Filler words that pad the page out to a good length. " * 40 + "</p>"
+    html = f"<html><body><article>{filler * 20}<p>{late_sentence}</p></article></body></html>".encode()
+    uncapped = extract_document("https://example.org/long", html, "text/html", max_html_characters=len(html) + 1)
+    capped = extract_document("https://example.org/long", html, "text/html", max_html_characters=len(html) // 2)
+    assert uncapped is not None and capped is not None
+    assert late_sentence in uncapped.text
+    assert late_sentence not in capped.text
+    assert "Filler words" in capped.text
+
+
+def test_page_with_more_elements_than_the_cap_is_read_without_trafilatura() -> None:
+    html = (
+        b"<html><body><article><h1>Prices</h1><p>An introduction long enough to count as the article's real content.</p>"
+        b"<table><tr><td>alpha</td><td>beta</td></tr><tr><td>gamma</td><td>delta</td></tr></table></article></body></html>"
+    )
+    # trafilatura writes table rows as "| alpha | beta |"; the fallback extractor writes one cell a line.
+    within_cap = extract_document("https://example.org/prices", html, "text/html")
+    past_cap = extract_document("https://example.org/prices", html, "text/html", max_html_elements=5)
+    assert within_cap is not None and past_cap is not None
+    assert "| alpha | beta |" in within_cap.text
+    assert "alpha\nbeta\ngamma\ndelta" in past_cap.text
+
+
+def test_pdf_page_whose_content_inflates_past_the_cap_is_refused_before_parsing() -> None:
+    body = _flate_pdf(2 * 1024 * 1024)
+    assert len(body) < 64 * 1024
+    within_cap = extract_document("https://example.org/inflated.pdf", body, "application/pdf", max_pdf_page_content_bytes=4 * 1024 * 1024)
+    past_cap = extract_document("https://example.org/inflated.pdf", body, "application/pdf", max_pdf_page_content_bytes=1024 * 1024)
+    assert within_cap is not None and "Inflated page text" in within_cap.text
+    assert past_cap is None
