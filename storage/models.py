@@ -130,6 +130,10 @@ class Run(Base):
     delivered_messages: Mapped[list[Any] | None] = mapped_column(JSON)
     delivery_intent_at: Mapped[dt.datetime | None]
     delivered_at: Mapped[dt.datetime | None]
+    # Delivery attempts that failed (the platform down), when the resume sweep tries again, and when it stopped trying.
+    delivery_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    delivery_retry_at: Mapped[dt.datetime | None]
+    delivery_given_up_at: Mapped[dt.datetime | None]
     celery_task_id: Mapped[str | None] = mapped_column(String(64))
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     lease_until: Mapped[dt.datetime | None]

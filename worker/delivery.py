@@ -3,6 +3,12 @@
 Before posting the report the run records the intent; after each post, the message reference.
 A retried delivery edits the recorded messages instead of posting new ones. Every edit and post
 first checks that this attempt still owns the run, so a stale attempt cannot deliver.
+
+A delivery is done only when the report (or a notice that it cannot be posted) is in the thread
+and the status message shows the final state. While the platform fails (HTTP 5xx, the network),
+each failed try is counted on the run row and the resume sweep (`sweep_undelivered`, in every
+worker's reaper) tries again, backing off; after the last try a notice is attempted and the run
+is marked given up.
 """
 
 from __future__ import annotations
@@ -10,27 +16,86 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
-from typing import Any
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import update
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from chat.message import Messenger, MessageRef, Place
+from chat.message import Messenger, MessageRef, MessengerError, Place
 from chat.platform import Outbound
 from chat.render import PlatformRenderer
-from chat.state import RunProgress, initial_progress
-from research.report import Report
-from storage.models import Run, utcnow
-from worker.leases import holds_attempt
+from chat.state import RunProgress, initial_progress, progress_of_stored_run
+from research.report import Report, audit_line
+from storage.db import database_now
+from storage.models import Event, Run, utcnow
+from worker.leases import claim_undelivered, holds_attempt
 from worker.progress import EditBudget, StatusEditor
+
+if TYPE_CHECKING:
+    from config import Settings
 
 logger = logging.getLogger(__name__)
 
 UPLOADED_FILE = "file"
+NOTICE = "notice"  # the notice that the report could not be posted: a retry does not post it twice
 # How long the engine waits for the first status edit (a rate-limited Slack must not hold the research up).
 FIRST_EDIT_WAIT_SECONDS = 2.0
+# Beyond this many doublings the delay is the cap anyway (and 2 ** n stays a small number).
+MAX_DOUBLINGS = 30
+
+WallClock = Callable[[], dt.datetime]
+
+
+class DeliveryRetry(BaseModel):
+    """How many times a delivery the platform keeps failing is tried in all, and how far apart."""
+
+    model_config = ConfigDict(frozen=True)
+
+    max_attempts: int = Field(default=8, gt=0)
+    first_delay_seconds: float = Field(default=30.0, gt=0)
+    max_delay_seconds: float = Field(default=1800.0, gt=0)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> DeliveryRetry:
+        """DELIVERY_MAX_ATTEMPTS, DELIVERY_RETRY_SECONDS and DELIVERY_RETRY_MAX_SECONDS."""
+        return cls(max_attempts=settings.delivery_max_attempts, first_delay_seconds=settings.delivery_retry_seconds,
+                   max_delay_seconds=settings.delivery_retry_max_seconds)
+
+    def delay_after(self, failed_attempts: int) -> float:
+        """Seconds to wait after `failed_attempts` failures: the first delay, doubled each time, capped."""
+        doublings = min(max(failed_attempts - 1, 0), MAX_DOUBLINGS)
+        return min(self.first_delay_seconds * 2 ** doublings, self.max_delay_seconds)
+
+
+class DeliveryOutcome(StrEnum):
+    """What one delivery attempt came to."""
+
+    DELIVERED = "delivered"
+    RETRY_SCHEDULED = "retry_scheduled"
+    GIVEN_UP = "given_up"
+    UNRECORDED = "unrecorded"  # not even the failure could be stored: the sweep's grace period brings it back
+    STALE = "stale"  # a newer attempt of the run, or another worker's delivery, owns it now
+
+
+def is_lasting_refusal(error: BaseException) -> bool:
+    """Whether the platform refused for good (a deleted channel, say), so trying again later cannot help."""
+    return isinstance(error, MessengerError) and not error.retryable
+
+
+def reason_of(error: BaseException) -> str:
+    """The platform's error code, or the exception's type: short, and never any message text."""
+    return getattr(error, "reason", None) or type(error).__name__
+
+
+def unpostable_notice(run_id: int, reason: str, *, tries: int | None = None) -> str:
+    """The plain words posted in the thread when a run's report cannot be posted."""
+    after = f", even after {tries} tries" if tries and tries > 1 else ""
+    return (f"The report of this run could not be posted ({reason}){after}. It is saved: use the Export button "
+            f"or `deepthread export {run_id}`.")
 
 
 def platform_user(user: str) -> str:
@@ -66,7 +131,8 @@ class RunDelivery:
     """Edits one run's status message and posts its report, on the run's own platform."""
 
     def __init__(self, sessions: sessionmaker[Session], target: DeliveryTarget, *, messenger: Messenger,
-                 renderer: PlatformRenderer, bucket: EditBudget, min_interval: float = 1.0) -> None:
+                 renderer: PlatformRenderer, bucket: EditBudget, min_interval: float = 1.0,
+                 retry: DeliveryRetry | None = None, clock: WallClock | None = None) -> None:
         self.sessions = sessions
         self.run_id = target.run_id
         self.place = target.place
@@ -74,7 +140,10 @@ class RunDelivery:
         self.requester = target.requester
         self.messenger = messenger
         self.renderer = renderer
+        self.retry = retry or DeliveryRetry()
+        self._clock = clock  # None: the database's clock, the one the sweep judges retry times by
         self._first_shown = False
+        self._report_in_thread = False
         self.editor = StatusEditor(self._edit_status, bucket=bucket, workspace=self.place.workspace,
                                    min_interval=min_interval)
 
@@ -96,33 +165,117 @@ class RunDelivery:
         first, self._first_shown = not self._first_shown, True
         await self.editor.update(progress, wait_seconds=FIRST_EDIT_WAIT_SECONDS if first else 0.0)
 
-    async def finish(self, progress: RunProgress) -> None:
-        """The report (if the run has one), then the final status edit, each exactly once.
+    async def finish(self, progress: RunProgress) -> DeliveryOutcome:
+        """The report (if the run has one), then the final status edit, each exactly once; never raises.
 
         The report goes first: posting is not drawn from the workspace's edit budget, so a busy
-        workspace delays only the status message, never the answer.
+        workspace delays only the status message, never the answer. The run is marked delivered only
+        once both went out; a failure is counted and retried later by the sweep (see the module).
         """
         try:
-            await self.deliver_report(progress.attempt)
-        except Exception as error:  # nothing may be dropped silently: say so in the thread
-            logger.error("report delivery failed for run %s", self.run_id, exc_info=True)
-            reason = getattr(error, "reason", None) or type(error).__name__
-            notice = (f"The report of this run could not be posted ({reason}). It is saved: use the Export button "
-                      f"or `deepthread export {self.run_id}`.")
-            try:
-                await self.messenger.post(self.place, self.renderer.notice(notice))
-            except Exception:
-                logger.error("could not tell the thread that run %s's report failed", self.run_id, exc_info=True)
+            await self._report_or_notice(progress.attempt)
+            await self._final_status(progress)
+        except Exception as error:
+            return await self._after_failed_attempt(progress, error)
+        await asyncio.to_thread(self._mark_delivered, progress.attempt)
+        return DeliveryOutcome.DELIVERED
+
+    async def _report_or_notice(self, attempt: int) -> None:
+        """Put the report in the thread, or, when the platform refuses it for good, a notice saying so; raises otherwise."""
+        try:
+            await self.deliver_report(attempt)
+        except Exception as error:
+            if not is_lasting_refusal(error):
+                raise
+            logger.warning("the platform refused run %s's report (%s); posting a notice instead", self.run_id,
+                           reason_of(error))
+            await self._post_notice_once(attempt, unpostable_notice(self.run_id, reason_of(error)))
+        self._report_in_thread = True
+
+    async def _post_notice_once(self, attempt: int, text: str) -> None:
+        delivered = await asyncio.to_thread(self._recorded_messages)
+        if any(entry.get("kind") == NOTICE for entry in delivered):
+            return
+        ref = await self.messenger.post(self.place, self.renderer.notice(text))
+        await asyncio.to_thread(self._record, attempt, [*delivered, {"kind": NOTICE, "ref": ref.model_dump(mode="json")}])
+
+    def _recorded_messages(self) -> list[dict[str, Any]]:
+        with self.sessions() as session:
+            run = session.get(Run, self.run_id)
+            return list(run.delivered_messages or []) if run is not None else []
+
+    async def _final_status(self, progress: RunProgress) -> None:
+        """The last status edit; a message the platform refuses to edit for good (deleted) is let go."""
         try:
             await self.editor.close(progress)
-        except Exception:  # the report is out; a failed last edit is logged, not fatal
-            logger.warning("final status edit failed for run %s", self.run_id, exc_info=True)
-        await asyncio.to_thread(self._mark_delivered, progress.attempt)
+        except Exception as error:
+            if not is_lasting_refusal(error):
+                raise
+            logger.warning("final status edit of run %s refused (%s)", self.run_id, reason_of(error))
+
+    async def _after_failed_attempt(self, progress: RunProgress, error: Exception) -> DeliveryOutcome:
+        reason = reason_of(error)
+        lasting = is_lasting_refusal(error)  # here: the report and the notice both refused for good
+        try:
+            recorded = await asyncio.to_thread(self._record_failed_attempt, progress.attempt, lasting)
+        except Exception:
+            logger.error("delivery of run %s failed (%s) and the failure could not be stored", self.run_id, reason,
+                         exc_info=True)
+            return DeliveryOutcome.UNRECORDED
+        if recorded is None:
+            return DeliveryOutcome.STALE
+        failed_attempts, given_up = recorded
+        if not given_up:
+            logger.warning("delivery of run %s failed (%s), try %s of %s; the sweep tries again in %.0f s",
+                           self.run_id, reason, failed_attempts, self.retry.max_attempts,
+                           self.retry.delay_after(failed_attempts))
+            return DeliveryOutcome.RETRY_SCHEDULED
+        logger.warning("gave up delivering run %s after %s tries (%s)", self.run_id, failed_attempts, reason)
+        await self._last_words(progress, reason, failed_attempts)
+        return DeliveryOutcome.GIVEN_UP
+
+    async def _last_words(self, progress: RunProgress, reason: str, tries: int) -> None:
+        """Best effort, once: tell the thread the report could not be posted, and show the final state."""
+        try:
+            if not self._report_in_thread and await asyncio.to_thread(self._has_report, progress.attempt):
+                await self.messenger.post(self.place, self.renderer.notice(unpostable_notice(self.run_id, reason,
+                                                                                             tries=tries)))
+        except Exception as error:
+            logger.warning("could not tell the thread that run %s's report was given up (%s)", self.run_id,
+                           reason_of(error))
+        if self.editor.last_sent is not progress:
+            try:
+                await self._edit_status(progress)
+            except Exception as error:
+                logger.warning("last status edit of run %s failed (%s)", self.run_id, reason_of(error))
+
+    def _now(self, session: Session) -> dt.datetime:
+        return self._clock() if self._clock is not None else database_now(session)
+
+    def _record_failed_attempt(self, attempt: int, lasting: bool) -> tuple[int, bool] | None:
+        """Count a failed try and schedule the next, or give up; the tries so far and whether it gave up (None: not ours)."""
+        with self.sessions.begin() as session:
+            run = session.get(Run, self.run_id)
+            if run is None or run.attempt != attempt or run.delivered_at is not None:
+                return None
+            now = self._now(session)
+            run.delivery_attempts = (run.delivery_attempts or 0) + 1
+            given_up = lasting or run.delivery_attempts >= self.retry.max_attempts
+            run.delivery_retry_at = None if given_up else now + dt.timedelta(
+                seconds=self.retry.delay_after(run.delivery_attempts))
+            run.delivery_given_up_at = now if given_up else None
+            run.lease_owner, run.lease_until = None, None
+            return run.delivery_attempts, given_up
+
+    def _has_report(self, attempt: int) -> bool:
+        with self.sessions() as session:
+            run = session.get(Run, self.run_id)
+            return run is not None and run.attempt == attempt and run.report_json is not None
 
     def _mark_delivered(self, attempt: int) -> None:
         with self.sessions.begin() as session:
             session.execute(update(Run).where(Run.id == self.run_id, Run.attempt == attempt)
-                            .values(delivered_at=utcnow(), lease_owner=None, lease_until=None))
+                            .values(delivered_at=utcnow(), delivery_retry_at=None, lease_owner=None, lease_until=None))
 
     def _load_for_delivery(self, attempt: int) -> tuple[Report | None, list[dict[str, Any]]]:
         with self.sessions.begin() as session:
@@ -146,7 +299,7 @@ class RunDelivery:
         if report is None:
             return
         delivery = self.renderer.report(report, requester=self.requester, run_id=self.run_id)
-        posted = [entry for entry in delivered if entry.get("kind") != UPLOADED_FILE]
+        posted = [entry for entry in delivered if entry.get("kind") not in (UPLOADED_FILE, NOTICE)]
         for index, content in enumerate(delivery.messages):
             if index < len(posted):
                 await self.messenger.edit(MessageRef.model_validate(posted[index]["ref"]), content)
@@ -162,6 +315,41 @@ class RunDelivery:
             ref = await self.messenger.upload(self.place, delivery.file)
             delivered.append({"kind": UPLOADED_FILE, "ref": ref.model_dump(mode="json") if ref else None})
             await asyncio.to_thread(self._record, attempt, delivered)
+
+
+def stored_progress(sessions: sessionmaker[Session], run_id: int) -> RunProgress | None:
+    """A stored run's progress as its status message should show it (None: no such run)."""
+    with sessions() as session:
+        run = session.get(Run, run_id)
+        if run is None:
+            return None
+        progress = progress_of_stored_run(run, session.scalars(select(Event).where(Event.run_id == run_id)
+                                                               .order_by(Event.seq)))
+        report = Report.model_validate(run.report_json) if run.report_json is not None else None
+    if report is not None and report.audit.sentences_total:
+        # As the runner shows it when it delivers at once: the audit's line on the final status.
+        progress = progress.model_copy(update={"audit_line": audit_line(report)})
+    return progress
+
+
+async def sweep_undelivered(sessions: sessionmaker[Session], *, platforms: Collection[str], lease_seconds: float,
+                            delivery_for: Callable[[int], RunDelivery | None],
+                            now: dt.datetime | None = None) -> dict[int, DeliveryOutcome]:
+    """One pass of the resume sweep: claim the finished runs whose delivery is due and deliver each.
+
+    Returns each claimed run's outcome. `delivery_for` builds a run's delivery on its platform.
+    """
+    outcomes: dict[int, DeliveryOutcome] = {}
+    for run_id in await asyncio.to_thread(claim_undelivered, sessions, platforms, lease_seconds, now):
+        try:
+            delivery = delivery_for(run_id)
+            progress = await asyncio.to_thread(stored_progress, sessions, run_id)
+            if delivery is None or progress is None:
+                continue
+            outcomes[run_id] = await delivery.finish(progress)
+        except Exception:  # one run's trouble must not hold up the others; its claim lapses and it comes back
+            logger.warning("resuming the delivery of run %s failed", run_id, exc_info=True)
+    return outcomes
 
 
 PlatformParts = Callable[[str], "Outbound | None"]

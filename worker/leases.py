@@ -63,8 +63,7 @@ def reap(sessions: sessionmaker[Session], send_task: SendTask, now: dt.datetime 
             if run.attempt >= MAX_ATTEMPTS:
                 run.state, run.finished_at = "failed", now
                 run.lease_owner, run.lease_until = None, None
-                run.error = (f"The run was interrupted {run.attempt} times (its workers stopped) and was given up; "
-                             "what it found is kept.")
+                run.error = f"The run was interrupted {run.attempt} times (its workers stopped) and was given up."
                 continue
             claimed = session.execute(
                 update(Run).where(Run.id == run.id, Run.lease_until == run.lease_until)
@@ -80,8 +79,7 @@ def reap(sessions: sessionmaker[Session], send_task: SendTask, now: dt.datetime 
     return [run_id for run_id, _, _ in resubmitted]
 
 
-ORPHANED = ("The process running this stopped before it finished (a `deepthread research` that was killed); "
-            "what it found is kept.")
+ORPHANED = "The process running this stopped before it finished (a `deepthread research` that was killed)."
 
 
 def end_orphaned_runs(sessions: sessionmaker[Session], now: dt.datetime | None = None) -> list[int]:
@@ -106,15 +104,22 @@ DELIVERING = "delivering"
 
 def claim_undelivered(sessions: sessionmaker[Session], platforms: Collection[str], lease_seconds: float,
                       now: dt.datetime | None = None) -> list[int]:
-    """Finished runs on these platforms whose delivery never completed, claimed for delivery by the caller."""
+    """Finished runs on these platforms whose delivery is due, claimed for delivery by the caller.
+
+    Due: a retry whose time has come (an earlier attempt failed and said so), or a delivery that never
+    reported back (its worker died) well after the run ended; never one delivered or given up.
+    """
     claimed: list[int] = []
     with sessions.begin() as session:
         now = now or database_now(session)
         candidates = session.scalars(
             select(Run).join(Conversation)
             .where(Run.state.in_(("done", "failed", "cancelled", "timed_out")), Run.delivered_at.is_(None),
+                   Run.delivery_given_up_at.is_(None),
                    Run.status_message.is_not(None), Conversation.platform.in_(list(platforms)),
-                   Run.finished_at < now - dt.timedelta(seconds=DELIVERY_GRACE_SECONDS),
+                   or_(Run.delivery_retry_at <= now,
+                       and_(Run.delivery_retry_at.is_(None),
+                            Run.finished_at < now - dt.timedelta(seconds=DELIVERY_GRACE_SECONDS))),
                    or_(Run.lease_until.is_(None), Run.lease_until < now))
             .order_by(Run.id).limit(20))
         for run in candidates:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -11,6 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import delete, func, insert, select
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as ConnectionPoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
 
 from research import engine
@@ -19,6 +22,7 @@ from research.events import Error
 from research.models import Passage as FoundPassage
 from research.models import SearchResult
 from research.report import Report, audit_line, render_markdown
+from research.thread_context import fit_thread_context
 from storage.db import database_now
 from storage.models import Citation, Event, Message, Passage, Run, Source, utcnow
 from chat.state import RunProgress, apply_event, initial_progress
@@ -27,11 +31,21 @@ from worker.leases import holds_attempt, renew_lease, take_lease, worker_identit
 logger = logging.getLogger(__name__)
 
 OnState = Callable[[RunProgress], Awaitable[None]]
+Sleep = Callable[[float], Awaitable[None]]
 TERMINAL_STATE_OF_EVENT = {"complete": "done", "aborted": "cancelled", "error": "failed"}
 HISTORY_MESSAGES = 20
 LEASE_LOST = "lease lost"
 MAX_HISTORY_REPLY_CHARS = 6_000
 EVENT_WRITE_DELAY_SECONDS = 0.25
+# Waits between tries of storing a finished run's outcome while the database is briefly unavailable.
+STORE_RETRY_DELAYS_SECONDS = (1.0, 2.0, 4.0, 8.0)
+
+
+def is_transient_database_error(error: BaseException) -> bool:
+    """Whether the database may well answer if asked again soon: locked (SQLite), unreachable or restarting (PostgreSQL)."""
+    if isinstance(error, DBAPIError) and error.connection_invalidated:
+        return True
+    return isinstance(error, (OperationalError, InterfaceError, ConnectionPoolTimeout))
 
 
 @dataclass
@@ -43,6 +57,8 @@ class RunnerServices:
     options: ResearchOptions
     hard_deadline_grace_seconds: float = 60.0
     lease_seconds: float = 30.0
+    store_retry_delays: tuple[float, ...] = STORE_RETRY_DELAYS_SECONDS
+    sleep: Sleep = asyncio.sleep
 
 
 def options_for_run(base: ResearchOptions, stored: dict[str, Any]) -> ResearchOptions:
@@ -71,7 +87,7 @@ class RunRecorder:
     """
 
     def __init__(self, sessions: sessionmaker[Session], run: Run, on_state: OnState | None, *,
-                 write_delay: float = EVENT_WRITE_DELAY_SECONDS) -> None:
+                 write_delay: float = EVENT_WRITE_DELAY_SECONDS, sleep: Sleep = asyncio.sleep) -> None:
         self.sessions = sessions
         self.run_id = run.id
         self.attempt = run.attempt
@@ -80,6 +96,7 @@ class RunRecorder:
                                          requested_by=run.requested_by, state="running", started_at=run.started_at)
         self.terminal: Any = None
         self._write_delay = write_delay
+        self._sleep = sleep
         self._unwritten: list[dict[str, Any]] = []
         self._writer: asyncio.Task[None] | None = None
 
@@ -89,7 +106,10 @@ class RunRecorder:
                                 "at": event.at})
         if event.type in TERMINAL_STATE_OF_EVENT:
             self.terminal = event
-            self.flush()
+            try:
+                self.flush()
+            except Exception:  # kept: the run's final store writes them, trying again while the database is busy
+                logger.warning("could not store the events of run %s yet", self.run_id, exc_info=True)
         elif self._writer is None:
             self._writer = asyncio.create_task(self._write_soon())
         self.progress = apply_event(self.progress, event)
@@ -101,9 +121,17 @@ class RunRecorder:
 
     def flush(self) -> None:
         """Write the events not written yet, unless a newer attempt owns the run; raises what the database raised."""
+        self.stop_batching()
+        self.write_unwritten()
+
+    def stop_batching(self) -> None:
+        """Cancel the batched write that is waiting; what it would have written stays for the next write."""
         if self._writer is not None:
             self._writer.cancel()
             self._writer = None
+
+    def write_unwritten(self) -> None:
+        """`flush` without touching the batching task: safe from another thread once events stopped arriving."""
         rows, self._unwritten = self._unwritten, []
         if not rows:
             return
@@ -116,7 +144,7 @@ class RunRecorder:
             raise
 
     async def _write_soon(self) -> None:
-        await asyncio.sleep(self._write_delay)
+        await self._sleep(self._write_delay)
         self._writer = None
         try:
             self.flush()
@@ -234,6 +262,31 @@ def _finish(sessions: sessionmaker[Session], run_id: int, attempt: int, final_st
     return True
 
 
+async def _store_outcome(services: RunnerServices, recorder: RunRecorder, store: Callable[[], bool]) -> bool:
+    """Write the last events and the run's outcome, trying again while the database is briefly unavailable.
+
+    Returns whether the outcome was stored: False when a newer attempt owns the run, or when the
+    database kept failing (logged; the caller's lease then lapses and the reaper's next attempt
+    redoes the run). Raises what a non-transient database error raised.
+    """
+    delays = iter(services.store_retry_delays)
+    while True:
+        try:
+            await asyncio.to_thread(recorder.write_unwritten)
+            return await asyncio.to_thread(store)
+        except Exception as error:
+            if not is_transient_database_error(error):
+                raise
+            delay = next(delays, None)
+            if delay is None:
+                logger.error("could not store the outcome of run %s (%s); its lease will lapse and the reaper's "
+                             "next attempt redoes it", recorder.run_id, type(error).__name__)
+                return False
+            logger.warning("could not store the outcome of run %s yet (%s); trying again in %g s", recorder.run_id,
+                           type(error).__name__, delay)
+            await services.sleep(delay)
+
+
 async def _keep_lease(services: RunnerServices, run_id: int, attempt: int, owner: str, cancel: CancelToken) -> None:
     """Renew the lease every third of its length; a lost lease, or none renewed for a whole lease, stops this attempt."""
     renewed_at = time.monotonic()
@@ -255,7 +308,9 @@ async def execute(run_id: int, on_state: OnState | None, *, services: RunnerServ
                   cancel: CancelToken | None = None, owner: str | None = None) -> RunProgress | None:
     """Run the stored run `run_id` to one of its final states and return its last progress.
 
-    Returns None without doing anything when the run has ended or another attempt holds it.
+    Returns None without doing anything when the run has ended or another attempt holds it, and
+    None when the database stayed unavailable: the run is then left running with its lease lapsing,
+    so the reaper's next attempt does it again (a finished report is never marked failed and lost).
     Raises LookupError when the run does not exist.
     """
     owner = owner or worker_identity()
@@ -266,10 +321,15 @@ async def execute(run_id: int, on_state: OnState | None, *, services: RunnerServ
     try:
         return await _execute_started(run, first_seq, owner, on_state, services=services, cancel=cancel)
     except Exception as error:
+        if is_transient_database_error(error):
+            # Writing "failed" would fail too, and would be untrue: the next attempt can still finish the run.
+            logger.error("run %s attempt %s stopped: the database is unavailable (%s); left for the reaper",
+                         run.id, run.attempt, type(error).__name__)
+            return None
         # Whatever broke outside the engine, the run ends in a stored state that says so.
         logger.error("run %s failed outside the engine", run.id, exc_info=True)
-        _mark_failed(services.sessions, run.id, run.attempt, f"Internal error ({type(error).__name__}); what was "
-                                                              "gathered is kept.")
+        _mark_failed(services.sessions, run.id, run.attempt, f"Internal error ({type(error).__name__}); the run "
+                                                              "stopped before what it found could be stored.")
         raise
 
 
@@ -292,7 +352,8 @@ async def _execute_started(run: Run, first_seq: int, owner: str, on_state: OnSta
     state = engine.ResearchState()
     options = options_for_run(services.options, run.options or {})
     with services.sessions() as session:
-        history = _without_current_question(_history(session, run), run.question)
+        history = fit_thread_context(_without_current_question(_history(session, run), run.question), run.question,
+                                     options.max_context_tokens)
         passages, sources = _stored_passages(session, run) if run.mode == "followup" else ([], {})
 
     common = {"events": recorder, "cancel": cancel, "state": state, "first_seq": first_seq}
@@ -303,41 +364,49 @@ async def _execute_started(run: Run, first_seq: int, owner: str, on_state: OnSta
         work = engine.plan(run.question, context=_context_text(history), llm=services.tools.llm,
                            today=services.tools.today(), **common)
     elif run.mode == "chat":
-        work = engine.chat(run.question, history=history, llm=services.tools.llm, today=services.tools.today(), **common)
+        work = engine.chat(run.question, history=history, llm=services.tools.llm, today=services.tools.today(),
+                           options=options, **common)
     else:
         work = engine.answer_from_passages(run.question, history=history, passages=passages, sources=sources,
-                                           llm=services.tools.llm, today=services.tools.today(), **common)
+                                           llm=services.tools.llm, today=services.tools.today(), options=options,
+                                           **common)
 
     hard_deadline = options.max_seconds + services.hard_deadline_grace_seconds
     timed_out = False
     report: Report | None = None
+    # The lease is kept until the outcome is stored, so a slow final write is not taken for a dead worker.
     lease_keeper = asyncio.create_task(_keep_lease(services, run.id, run.attempt, owner, cancel))
     try:
-        report = await asyncio.wait_for(work, timeout=hard_deadline)
-    except TimeoutError:
-        timed_out = True
+        try:
+            report = await asyncio.wait_for(work, timeout=hard_deadline)
+        except TimeoutError:
+            timed_out = True
+        finally:
+            recorder.stop_batching()
+        cancelled_by = cancel.cancelled_by
+        if cancelled_by == LEASE_LOST:
+            logger.warning("run %s attempt %s lost its lease; another attempt owns it", run.id, run.attempt)
+            return None
+
+        if timed_out:
+            final_state, error = "timed_out", f"The run passed its hard deadline of {hard_deadline:g} s and was stopped."
+            report = engine.unfinished_report(state, reason="timed out")
+            await recorder(Error(message=error, seq=recorder.progress.last_seq + 1))
+            recorder.progress = recorder.progress.model_copy(update={"state": "timed_out"})
+        else:
+            terminal = recorder.terminal
+            final_state = TERMINAL_STATE_OF_EVENT.get(terminal.type, "failed") if terminal is not None else "failed"
+            error = getattr(terminal, "message", None) if final_state == "failed" else None
+            if final_state == "cancelled":
+                recorder.progress = recorder.progress.model_copy(update={"cancelled_by": cancelled_by})
+        # What the bot said joins the thread's history, so follow-ups and revisions have it as context.
+        reply_text = report.body_markdown[:MAX_HISTORY_REPLY_CHARS] if report is not None else None
+        stored = await _store_outcome(services, recorder, functools.partial(
+            _finish, services.sessions, run.id, run.attempt, final_state, state, report, error, reply_text,
+            cancelled_by))
     finally:
         lease_keeper.cancel()
-        recorder.flush()
-    if cancel.cancelled_by == LEASE_LOST:
-        logger.warning("run %s attempt %s lost its lease; another attempt owns it", run.id, run.attempt)
-        return None
-
-    if timed_out:
-        final_state, error = "timed_out", f"The run passed its hard deadline of {hard_deadline:g} s and was stopped."
-        report = engine.unfinished_report(state, reason="timed out")
-        await recorder(Error(message=error, seq=recorder.progress.last_seq + 1))
-        recorder.progress = recorder.progress.model_copy(update={"state": "timed_out"})
-    else:
-        terminal = recorder.terminal
-        final_state = TERMINAL_STATE_OF_EVENT.get(terminal.type, "failed") if terminal is not None else "failed"
-        error = getattr(terminal, "message", None) if final_state == "failed" else None
-        if final_state == "cancelled":
-            recorder.progress = recorder.progress.model_copy(update={"cancelled_by": cancel.cancelled_by})
-    # What the bot said joins the thread's history, so follow-ups and revisions have it as context.
-    reply_text = report.body_markdown[:MAX_HISTORY_REPLY_CHARS] if report is not None else None
-    if not _finish(services.sessions, run.id, run.attempt, final_state, state, report, error, reply_text,
-                   cancel.cancelled_by):
+    if not stored:
         return None
     final = {"state": final_state, "finished_at": utcnow()}
     if report is not None and report.audit.sentences_total:

@@ -10,16 +10,14 @@ import threading
 from collections.abc import Iterable
 
 import httpx
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 
 from chat.platform import Outbound, OutboundPlatform
-from chat.state import progress_of_stored_run
 from config import Settings
 from research.budget import CancelToken
 from research.cpu import cpu_pool
-from storage.db import make_engine, make_session_factory, normalise_url
-from storage.models import Event, Run
+from storage.db import make_engine, make_session_factory, normalise_url, pool_options
 from storage.redis import connect, resolve_redis_url
 from storage.shared_limits import (
     HEARTBEAT_SECONDS,
@@ -28,10 +26,11 @@ from storage.shared_limits import (
     RedisRateLimiter,
     beat,
     connect_async,
+    connections_for,
 )
 from worker.cancels import CancelWatcher, redis_flags, row_flags
-from worker.delivery import DeliveryTarget, RunDelivery, show_queue_positions
-from worker.leases import claim_undelivered, fail_unstartable, reap, worker_identity
+from worker.delivery import DeliveryRetry, DeliveryTarget, RunDelivery, show_queue_positions, sweep_undelivered
+from worker.leases import fail_unstartable, reap, worker_identity
 from worker.loop import RunLoop
 from worker.queue import Limits, Queue, SendTask
 from worker.runner import RunnerServices, execute
@@ -48,7 +47,8 @@ def worker_engine(settings: Settings) -> Engine:
     if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
         return make_engine(settings.database_url)  # one shared connection (StaticPool): no pool to size
     # SQLAlchemy's default pool (5 + 10 overflow) would make runs beyond 15 wait for a connection, SQLite files too.
-    return make_engine(settings.database_url, pool_size=settings.worker_concurrency + 4)
+    return make_engine(settings.database_url,
+                       **pool_options(settings.worker_concurrency + BLOCKING_THREADS_BEYOND_CONCURRENCY))
 
 
 def shared_ssl_context() -> ssl.SSLContext:
@@ -74,12 +74,15 @@ class WorkerRuntime:
         self.queue = Queue(self.sessions, self.redis, Limits(settings.max_runs_per_user, settings.max_runs_per_workspace),
                            send_task)
         self.send_task = send_task
-        self.cpu_pool = cpu_pool(cpu_workers or min(2, os.cpu_count() or 1))
+        self.cpu_pool = cpu_pool(cpu_workers or min(2, os.cpu_count() or 1),
+                                 task_timeout_seconds=settings.extract_timeout_seconds,
+                                 memory_limit_bytes=settings.extract_memory_limit_mb * 1024 * 1024)
         self.ssl_context = shared_ssl_context()
         # Its own client: with Redis down it reads the run rows within a second, not after retries.
         self.cancels = CancelWatcher(redis_flags(connect(self.redis_url, fail_fast=True)), row_flags(self.sessions))
         self.loop = RunLoop(blocking_threads=settings.worker_concurrency + BLOCKING_THREADS_BEYOND_CONCURRENCY)
-        self.aredis = connect_async(self.redis_url)  # its connections live on the shared loop
+        # Its connections live on the shared loop; a burst of runs waits for one rather than failing.
+        self.aredis = connect_async(self.redis_url, max_connections=connections_for(settings.worker_concurrency))
         self.edit_bucket = EditBucket(self.aredis, capacity=settings.status_edits_per_minute)
         self._stopping = threading.Event()
         self._reaper: threading.Thread | None = None
@@ -90,8 +93,9 @@ class WorkerRuntime:
             self.loop.run(self._run(run_id))
         finally:
             try:
-                self.queue.admit()
-                self.loop.run(self.refresh_waiting())
+                admitted = self.queue.admit()
+                if admitted:  # only the queues these runs left have moved
+                    self.loop.run(self.refresh_waiting(admitted))
             except Exception:  # admission is retried by the reaper; never fail the task for it
                 logger.warning("admission after run %s failed", run_id, exc_info=True)
 
@@ -158,22 +162,13 @@ class WorkerRuntime:
         parts = self._platform_parts(target.place.platform) if target is not None else None
         if target is None or parts is None:
             return None
-        return RunDelivery(self.sessions, target, messenger=parts.messenger, renderer=parts.renderer, bucket=self.edit_bucket)
+        return RunDelivery(self.sessions, target, messenger=parts.messenger, renderer=parts.renderer, bucket=self.edit_bucket,
+                           retry=DeliveryRetry.from_settings(self.settings))
 
-    async def resume_delivery(self, run_id: int) -> None:
-        """Deliver a finished run whose worker stopped before its report and final status went out."""
-        delivery = self._delivery(run_id)
-        if delivery is None:
-            return
-        with self.sessions() as session:
-            run = session.get(Run, run_id)
-            final = progress_of_stored_run(run, session.scalars(select(Event).where(Event.run_id == run_id)
-                                                                .order_by(Event.seq)))
-        await delivery.finish(final)
-
-    async def refresh_waiting(self) -> None:
-        """Show each waiting run's current place in the queue in its status message."""
-        await show_queue_positions(self.sessions, self.queue.waiting_runs(), platform_parts=self._platform_parts,
+    async def refresh_waiting(self, admitted: list[int] | None = None) -> None:
+        """Show each waiting run's current place in the queue in its status message (in the workspaces of the
+        `admitted` runs only, when given)."""
+        await show_queue_positions(self.sessions, self.queue.waiting_runs(admitted), platform_parts=self._platform_parts,
                                    bucket=self.edit_bucket)
 
     def start_reaper(self) -> None:
@@ -183,9 +178,9 @@ class WorkerRuntime:
                 try:
                     reap(self.sessions, self.send_task)
                     self.queue.admit()
-                    for run_id in claim_undelivered(self.sessions, self._delivering_platforms(),
-                                                    self.settings.worker_lease_seconds):
-                        self.loop.run(self.resume_delivery(run_id))
+                    self.loop.run(sweep_undelivered(self.sessions, platforms=self._delivering_platforms(),
+                                                    lease_seconds=self.settings.worker_lease_seconds,
+                                                    delivery_for=self._delivery))
                 except Exception:
                     logger.warning("reaper pass failed", exc_info=True)
 

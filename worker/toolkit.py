@@ -47,6 +47,8 @@ def research_options(settings: Settings) -> ResearchOptions:
         max_seconds=settings.research_max_seconds, max_rounds=settings.research_max_rounds,
         max_searches=settings.research_max_searches, max_sources=settings.research_max_sources,
         max_fetch_bytes=settings.research_max_fetch_bytes, max_llm_tokens=settings.research_max_llm_tokens,
+        max_context_tokens=settings.chat_max_context_tokens, chat_max_output_tokens=settings.chat_max_output_tokens,
+        chat_max_llm_tokens=settings.chat_max_llm_tokens,
     )
 
 

@@ -8,6 +8,7 @@ call. Because it is a real loopback server, Celery workers in other processes ca
     client = build_slack_client(slack.token, slack.api_url)
     slack.fail_next("chat.postMessage", status=429, headers={"Retry-After": "2"}, times=3)
     slack.error_next("chat.postMessage", "invalid_blocks")
+    slack.start_outage(); slack.end_outage()                # HTTP 500 to posts, edits and uploads until ended
     slack.messages("C1", thread_ts="1700000001.000100")   # SlackMessage list
     slack.edits("C1", ts)                                 # SlackEdit list, with times
     slack.calls("chat.update")                            # SlackCall list: method, params, time
@@ -15,11 +16,13 @@ call. Because it is a real loopback server, Celery workers in other processes ca
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl
@@ -40,6 +43,9 @@ KNOWN_BLOCK_TYPES = frozenset({"section", "context", "markdown", "header", "divi
                                "input", "file", "video"})
 MESSAGE_METHODS = frozenset({"chat.postMessage", "chat.update", "chat.postEphemeral"})
 UPLOAD_METHOD = "upload"
+# What a platform outage at delivery time breaks: posting, editing and the three steps of an upload.
+OUTAGE_METHODS = ("chat.postMessage", "chat.update", "files.getUploadURLExternal", UPLOAD_METHOD,
+                  "files.completeUploadExternal")
 FIRST_TS_SECONDS = 1_700_000_000
 
 
@@ -136,6 +142,17 @@ class ScriptedFailure:
     when: Callable[[dict[str, Any]], bool] | None = None
 
 
+@dataclass
+class HeldCall:
+    """One call kept unanswered (and not yet applied) until the test sets `release`; `arrived` is set when it comes."""
+
+    method: str
+    when: Callable[[dict[str, Any]], bool]
+    arrived: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
+    max_hold_seconds: float = 120.0
+
+
 def block_texts(block: dict[str, Any]) -> list[str]:
     """The texts inside one Block Kit block (section text and fields, context elements, markdown, header)."""
     texts: list[str] = []
@@ -213,6 +230,8 @@ class FakeSlack(LoopbackFake):
         self._joined: set[str] = set()
         self._files: dict[str, SlackFile] = {}
         self._scripts: dict[str, list[ScriptedFailure]] = {}
+        self._outages: list[tuple[str, ScriptedFailure]] = []
+        self._holds: list[HeldCall] = []
         self._ts_counter = itertools.count(1)
         self._file_counter = itertools.count(1)
         self._server: LoopbackServer | None = None
@@ -260,6 +279,42 @@ class FakeSlack(LoopbackFake):
         """Answer the next `times` calls of `method` (those matching `when`, if given) with `ok: false, error`."""
         with self._lock:
             self._scripts.setdefault(method, []).append(ScriptedFailure(status=200, error=error, times=times, when=when))
+
+    def start_outage(self, methods: Collection[str] = OUTAGE_METHODS, *, status: int = 500,
+                     when: Callable[[dict[str, Any]], bool] | None = None) -> None:
+        """Answer every call of `methods` (those matching `when`, if given) with HTTP `status`, unapplied, until `end_outage`."""
+        with self._lock:
+            for method in methods:
+                outage = ScriptedFailure(status=status, error="internal_error", times=sys.maxsize, when=when)
+                self._outages.append((method, outage))
+                self._scripts.setdefault(method, []).append(outage)
+
+    def end_outage(self) -> None:
+        """Answer normally again (scripts added with `fail_next` or `error_next` stay)."""
+        with self._lock:
+            for method, outage in self._outages:
+                self._scripts[method] = [script for script in self._scripts.get(method, []) if script is not outage]
+            self._outages.clear()
+
+    def hold_next(self, method: str, when: Callable[[dict[str, Any]], bool]) -> HeldCall:
+        """Keep the next call of `method` matching `when` waiting, unapplied, until `release` (a caller to kill meanwhile)."""
+        held = HeldCall(method=method, when=when)
+        with self._lock:
+            self._holds.append(held)
+        return held
+
+    async def _hold_if_asked(self, method: str, params: dict[str, Any]) -> None:
+        with self._lock:
+            candidates = [held for held in self._holds if held.method == method]
+        held = next((held for held in candidates if held.when(params)), None)
+        if held is None:
+            return
+        with self._lock:
+            if held not in self._holds:
+                return
+            self._holds.remove(held)
+        held.arrived.set()
+        await asyncio.to_thread(held.release.wait, held.max_hold_seconds)
 
     def add_user(self, user_id: str, name: str, **fields: Any) -> None:
         """A user that `users.info` knows by this name (others get a made-up profile)."""
@@ -361,6 +416,7 @@ class FakeSlack(LoopbackFake):
         if token_error:
             self._record(method, params, 200, token_error)
             return JSONResponse({"ok": False, "error": token_error})
+        await self._hold_if_asked(method, params)
         script = self._scripted(method, params)
         if script is not None:
             self._record(method, params, script.status, script.error)

@@ -105,3 +105,15 @@ def test_a_terminal_run_whose_process_died_ends_failed_with_the_reason(session_f
     reap(session_factory, lambda *args: None, now=NOW + dt.timedelta(seconds=31))
     run = get(session_factory, run_id)
     assert run.state == "failed" and "stopped before it finished" in run.error and run.finished_at is not None
+
+
+def test_a_delivery_retry_is_claimed_when_due_without_the_grace_and_a_given_up_one_never(session_factory) -> None:
+    status = {"platform": "slack", "workspace": "T1", "channel": "C1", "message_id": "1.0"}
+    retrying = queued_run(session_factory, state="done", finished_at=NOW, status_message=status, lease_owner=None,
+                          lease_until=None, delivery_attempts=1, delivery_retry_at=NOW + dt.timedelta(seconds=30))
+    given_up = queued_run(session_factory, state="done", finished_at=NOW - dt.timedelta(hours=1), status_message=status,
+                          lease_owner=None, lease_until=None, delivery_attempts=8, delivery_given_up_at=NOW)
+    assert claim_undelivered(session_factory, ["slack"], 30, now=NOW + dt.timedelta(seconds=29)) == []
+    assert claim_undelivered(session_factory, ["slack"], 30, now=NOW + dt.timedelta(seconds=30)) == [retrying]
+    assert claim_undelivered(session_factory, ["slack"], 30, now=NOW + dt.timedelta(seconds=31)) == [], "claimed once"
+    assert given_up not in claim_undelivered(session_factory, ["slack"], 30, now=NOW + dt.timedelta(days=365))
