@@ -16,7 +16,7 @@ MIB = 1024 * 1024
 
 
 class ResearchOptions(BaseModel):
-    """What one research run may spend, and what the requester asked to narrow it to."""
+    """What one run may spend (a research run, a chat answer, a follow-up), and what the requester asked to narrow it to."""
 
     max_seconds: float = 300
     max_rounds: int = 3
@@ -31,6 +31,15 @@ class ResearchOptions(BaseModel):
     results_per_query: int = 6
     passages_per_question: int = 6
     passage_token_budget: int = 6_000
+    # The thread's earlier messages sent with any run, newest first (research.thread_context).
+    max_context_tokens: int = 12_000
+    chat_max_output_tokens: int = 4_000
+    # A chat answer or follow-up, all its model calls together (prompt and output), the citation check included.
+    chat_max_llm_tokens: int = 40_000
+
+    def for_chat(self) -> "ResearchOptions":
+        """These options with the chat budget as the run's LLM token cap, for a chat answer or a follow-up."""
+        return self.model_copy(update={"max_llm_tokens": self.chat_max_llm_tokens})
 
     @property
     def writing_reserve_seconds(self) -> float:
@@ -56,6 +65,10 @@ class Budget:
     @property
     def gathering_seconds_left(self) -> float:
         return self.options.max_seconds - self.options.writing_reserve_seconds - self.elapsed
+
+    def may_use_llm(self) -> bool:
+        """Whether the run's LLM tokens are still under its cap (optional model calls stop once they are not)."""
+        return self.tokens_used() < self.options.max_llm_tokens
 
     def searches_left(self) -> int:
         return max(0, self.options.max_searches - self.searches_used())

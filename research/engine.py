@@ -50,6 +50,7 @@ from research.llm import (
 from research.models import Document, FetchResult, Passage, SearchResult
 from research.netguard import Resolver
 from research.phases import decompose as decompose_phase
+from research.phases import digest as digest_phase
 from research.phases import fetch as fetch_phase
 from research.phases import gap_check as gap_phase
 from research.phases import read as read_phase
@@ -293,10 +294,14 @@ def plain_reason(error: BaseException) -> str:
     return f"Internal error ({type(error).__name__}); the gathered sources were kept."
 
 
-def cut_off_reason(llm: LLMClient) -> str:
-    """Why a report is partial when the model kept stopping at its output limit."""
-    return (f"the model's report was cut off at its output limit ({llm.config.max_output_tokens:,} tokens, "
-            "LLM_MAX_OUTPUT_TOKENS), even after it was asked to continue")
+def cut_off_reason(llm: LLMClient, *, limit: int | None = None, setting: str = "LLM_MAX_OUTPUT_TOKENS") -> str:
+    """Why a report is partial when the model kept stopping at its output limit (`limit`, else the client's)."""
+    return (f"the model's report was cut off at its output limit ({limit or llm.config.max_output_tokens:,} tokens, "
+            f"{setting}), even after it was asked to continue")
+
+
+def _chat_cut_off_reason(llm: LLMClient, options: ResearchOptions) -> str:
+    return cut_off_reason(llm, limit=options.chat_max_output_tokens, setting="CHAT_MAX_OUTPUT_TOKENS")
 
 
 def unfinished_report(state: ResearchState, *, reason: str, stopped_by_user: bool = False) -> Report:
@@ -393,7 +398,9 @@ async def _research(run: _Run, question: str, plan: Any, context: str | None,
                           breaker=tools.breaker, ddgs_search=tools.ddgs_search)
     budget.searches_used = lambda: router.total_calls
     fetch_client = build_fetch_client(tools.fetch_config, tools.fetch_transport, ssl_context=tools.fetch_ssl_context)
-    fetcher = SafeFetcher(fetch_client, tools.resolver, tools.fetch_config, fetch_budget)
+    # Every hop, redirects included, is checked against the run's blocked domains.
+    fetch_config = tools.fetch_config.model_copy(update={"blocked_domains": tuple(search_config.blocked_domains)})
+    fetcher = SafeFetcher(fetch_client, tools.resolver, fetch_config, fetch_budget)
     today = tools.today()
     try:
         async with run.phase("decompose"):
@@ -404,6 +411,9 @@ async def _research(run: _Run, question: str, plan: Any, context: str | None,
                 if state.plan_fell_back:
                     await run.sink(Warning_(phase="decompose", message="The question could not be broken down; researching it as asked."))
             for url in decompose_phase.priority_urls(question):
+                if router.registry.is_blocked(url):
+                    await run.sink(Warning_(phase="decompose", message=f"Skipped {url}: its domain is blocked."))
+                    continue
                 source = router.registry.add(SearchResult(provider="user", title=url, url=url))
                 state.sources[source.id] = source
         await run.progress(phase_progress("decompose"))
@@ -418,27 +428,42 @@ async def _research(run: _Run, question: str, plan: Any, context: str | None,
             state.passages = read_phase.snippet_passages(list(state.sources.values()))
 
         await run.progress(phase_progress("synthesize", 0.0))
-        async with run.phase("synthesize"):
-            selected = read_phase.select_for_synthesis(state.plan, state.passages, options)
-            if selected:
-                async with run.meter.ticking(synthesis_progress):
-                    written = await synthesize_phase.synthesize(question, state.plan, selected, titles=state.titles(),
-                                                                llm=llm, today=today, context=context)
-                state.draft = written.text
-                if written.cut_off:
-                    state.partial_reason = state.partial_reason or cut_off_reason(llm)
-            else:
-                state.draft = NO_SOURCES_NOTICE
+        selected: list[Passage] = []
+        writing_error: LLMError | None = None
+        try:
+            async with run.phase("synthesize"):
+                selected = read_phase.select_for_synthesis(state.plan, state.passages, options)
+                if selected:
+                    async with run.meter.ticking(synthesis_progress):
+                        written = await synthesize_phase.synthesize(question, state.plan, selected, titles=state.titles(),
+                                                                    llm=llm, today=today, context=context)
+                    state.draft = written.text
+                    if written.cut_off:
+                        state.partial_reason = state.partial_reason or cut_off_reason(llm)
+                else:
+                    state.draft = NO_SOURCES_NOTICE
+        except LLMError as error:
+            # The sources are gathered and stored: a model down now still leaves the reader what was found.
+            writing_error = error
         await run.progress(phase_progress("synthesize"))
 
-        if selected:
+        if writing_error is not None:
+            reason = digest_phase.writing_failure(writing_error)
+            await run.sink(Warning_(phase="synthesize", message=f"The report could not be written: {reason}; "
+                                                                 "quoting the sources instead."))
+            async with run.phase("verify"):
+                digest = await digest_phase.quote_digest(question, state.plan, selected, state.sources, reason=reason)
+            # With nothing quotable, the empty body below makes it the unfinished report: the sources read, and why.
+            state.audit = digest or verify_phase.AuditResult(body_markdown="")
+            state.partial_reason = f"{reason}, so this report quotes the sources instead of answering" if digest else reason
+        elif selected:
             async with run.phase("verify"):
                 state.audit = await verify_phase.verify_draft(
                     state.draft,
                     passages={passage.id: passage for passage in selected},
                     sources=state.sources,
                     judge=_citation_judge(llm, today),
-                    may_use_llm=lambda: budget.tokens_used() < options.max_llm_tokens,
+                    may_use_llm=budget.may_use_llm,
                 )
         else:
             # The engine's own notice cites nothing and claims nothing: auditing it could only mark it unverified.
@@ -499,9 +524,14 @@ async def _gather(run: _Run, question: str, options: ResearchOptions, budget: Bu
             if round_number < options.max_rounds:
                 state.partial_reason = reason
             return
-        async with run.phase("gap_check"):
-            texts = await gap_phase.check_gaps(question, state.plan, read_phase.select_for_synthesis(state.plan, state.passages, options),
-                                               titles=state.titles(), llm=llm, today=today)
+        try:
+            async with run.phase("gap_check"):
+                texts = await gap_phase.check_gaps(question, state.plan, read_phase.select_for_synthesis(state.plan, state.passages, options),
+                                                   titles=state.titles(), llm=llm, today=today)
+        except LLMError as error:
+            # What is gathered is enough to report from; the report step says so if the model stays down.
+            await run.sink(Warning_(phase="gap_check", message=f"Gathering stopped: {plain_reason(error)}"))
+            return
         await run.progress(phase_progress("gap_check", round_number=round_number, rounds=options.max_rounds))
         if not texts:
             return
@@ -595,11 +625,14 @@ async def chat(
     llm: LLMClient,
     today: dt.date,
     events: Emit,
+    options: ResearchOptions | None = None,
     cancel: CancelToken | None = None,
     state: ResearchState | None = None,
     first_seq: int = 1,
 ) -> Report | None:
-    """A short conversational answer from the model alone (no tools), with the thread's history."""
+    """A short conversational answer from the model alone (no tools), with the thread's history (fitted to
+    `options.max_context_tokens` by the caller), at most `options.chat_max_output_tokens` long."""
+    options = options or ResearchOptions()
     run = _Run(question, events, cancel, state, first_seq)
 
     async def work() -> Report:
@@ -607,12 +640,12 @@ async def chat(
         messages = [{"role": "system", "content": system_prompt("chat", today)}, *history,
                     {"role": "user", "content": question}]
         async with run.phase("chat"):
-            answer = await client.complete_long(messages, task="chat")
+            answer = await client.complete_long(messages, task="chat", max_tokens=options.chat_max_output_tokens)
         if not answer.text:
             raise LLMError("the model returned an empty answer")
         return Report(question=question, title=question[:80], mode="chat", body_markdown=answer.text,
                       usage=run.state.usage_summary(), phase_seconds=run.state.phase_seconds,
-                      partial=answer.cut_off, partial_reason=cut_off_reason(client) if answer.cut_off else None)
+                      partial=answer.cut_off, partial_reason=_chat_cut_off_reason(client, options) if answer.cut_off else None)
 
     return await run.finish(work)
 
@@ -626,14 +659,19 @@ async def answer_from_passages(
     llm: LLMClient,
     today: dt.date,
     events: Emit,
+    options: ResearchOptions | None = None,
     cancel: CancelToken | None = None,
     state: ResearchState | None = None,
     first_seq: int = 1,
 ) -> Report | None:
-    """A follow-up answered only from an earlier run's passages, audited like a report; no web access."""
+    """A follow-up answered only from an earlier run's passages, audited like a report; no web access. Its model
+    calls together stay within `options.chat_max_llm_tokens` (the citation check is skipped past it)."""
+    options = options or ResearchOptions()
     run = _Run(question, events, cancel, state, first_seq)
     run.state.sources = dict(sources)
     run.state.passages = list(passages)
+    budget = Budget(options.for_chat())
+    budget.tokens_used = lambda: run.state.total_tokens
 
     async def work() -> Report:
         client = _llm_for_run(run, llm)
@@ -646,12 +684,12 @@ async def answer_from_passages(
             messages = [{"role": "system", "content": system_prompt("answer", today)}, *history,
                         {"role": "user", "content": f"Follow-up question:\n{question}\n\nSource passages:\n"
                                                     + fence_passages(selected, titles)}]
-            answer = await client.complete_long(messages, task="answer")
+            answer = await client.complete_long(messages, task="answer", max_tokens=options.chat_max_output_tokens)
             run.state.draft = answer.text
         async with run.phase("verify"):
             run.state.audit = await verify_phase.verify_draft(
                 run.state.draft, passages={passage.id: passage for passage in selected}, sources=sources,
-                judge=_citation_judge(client, today), may_use_llm=lambda: True)
+                judge=_citation_judge(client, today), may_use_llm=budget.may_use_llm)
         audit = run.state.audit
         if not audit.body_markdown.strip():
             raise LLMError("the model returned an empty answer")
@@ -659,7 +697,7 @@ async def answer_from_passages(
             question=question, title=question[:80], mode="followup", body_markdown=audit.body_markdown,
             sources=audit.sources, cited_passages=audit.cited_passages, audit=audit.audit,
             usage=run.state.usage_summary(), phase_seconds=run.state.phase_seconds,
-            partial=answer.cut_off, partial_reason=cut_off_reason(client) if answer.cut_off else None,
+            partial=answer.cut_off, partial_reason=_chat_cut_off_reason(client, options) if answer.cut_off else None,
         )
 
     return await run.finish(work)

@@ -4,6 +4,10 @@ Each hop (at most `max_redirects` redirects, followed by hand) is checked the sa
 http/https, no userinfo, the host normalised like a browser would, resolved once through the injected
 resolver, every address checked against `research.netguard`, then the request is sent to the checked
 IP with the original Host header and TLS SNI, so a second DNS answer (rebinding) is never used.
+Connections are pooled per host name, checked address and port (`HostPinnedTransport`), so a TLS
+connection whose certificate was checked for one name never carries a request for another name on
+the same address. A hop to a blocked domain (`blocked_domains`, subdomains included, hosts compared
+in the same canonical form as the search-result filter) is refused like a private address.
 robots.txt is honoured per origin. Bodies are streamed under a raw cap, a decompressed cap and a
 per-page deadline, and charged to a byte budget shared by the whole run.
 """
@@ -36,6 +40,7 @@ from research.netguard import (
     normalise_host,
 )
 from research.robots import RobotsAnswer, RobotsCache
+from research.urls import domain_matches
 
 logger = logging.getLogger(__name__)
 
@@ -49,10 +54,11 @@ SNIFF_BYTES = 512
 
 
 class FetchConfig(BaseModel):
-    """The fetcher's tunables: identity, private-host exemptions, caps, deadlines and concurrency."""
+    """The fetcher's tunables: identity, private-host exemptions, blocked domains, caps, deadlines and concurrency."""
 
     user_agent: str = DEFAULT_USER_AGENT
     allow_private: AllowList = Field(default_factory=AllowList)
+    blocked_domains: tuple[str, ...] = ()
     max_body_bytes: int = 5 * MIB
     max_decoded_bytes: int = 20 * MIB
     max_robots_bytes: int = 500 * KIB
@@ -219,17 +225,69 @@ class BoundedDecoder:
         return decoded
 
 
+class PoolKey(BaseModel):
+    """What a pooled connection was opened for: a connection serves only requests with the same key."""
+
+    model_config = ConfigDict(frozen=True)
+
+    scheme: str
+    host: str
+    server_name: str | None
+    address: str
+    port: int | None
+
+
+def pool_key(request: httpx.Request) -> PoolKey:
+    """The key of the connection `request` may use: its scheme, Host header, TLS server name, and the address and port it goes to."""
+    server_name = request.extensions.get("sni_hostname")
+    return PoolKey(
+        scheme=request.url.scheme,
+        host=request.headers.get("host", request.url.host).lower(),
+        server_name=str(server_name).lower() if server_name else None,
+        address=request.url.host,
+        port=request.url.port,
+    )
+
+
+class HostPinnedTransport(httpx.AsyncBaseTransport):
+    """One connection pool per host name, checked address and port, so no connection is shared by two names on one address.
+
+    httpx pools by the URL's origin, which for the fetcher is the checked IP: without this, a request for
+    b.example could ride a TLS connection whose certificate was checked for a.example.
+    """
+
+    def __init__(self, *, ssl_context: ssl.SSLContext | None = None, limits: httpx.Limits | None = None) -> None:
+        # One context for every pool: building one per host would reload the CA bundle each time.
+        self._ssl_context = ssl_context if ssl_context is not None else httpx.create_ssl_context(trust_env=False)
+        self._limits = limits or httpx.Limits()
+        self._pools: dict[PoolKey, httpx.AsyncHTTPTransport] = {}
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        key = pool_key(request)
+        pool = self._pools.get(key)
+        if pool is None:
+            pool = httpx.AsyncHTTPTransport(verify=self._ssl_context, limits=self._limits, trust_env=False)
+            self._pools[key] = pool
+        return await pool.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            await pool.aclose()
+
+
 def build_fetch_client(config: FetchConfig, transport: httpx.AsyncBaseTransport | None = None, *,
                        ssl_context: ssl.SSLContext | None = None) -> httpx.AsyncClient:
-    """Build the HTTP client the fetcher expects: no proxies from the environment, no redirects, no cookies kept."""
+    """Build the HTTP client the fetcher expects: pools per host and address, no proxies from the environment, no redirects, no cookies kept."""
+    if transport is None:
+        limits = httpx.Limits(max_connections=config.max_concurrency, max_keepalive_connections=config.max_per_host)
+        transport = HostPinnedTransport(ssl_context=ssl_context, limits=limits)
     return httpx.AsyncClient(
         transport=transport,
-        verify=ssl_context if ssl_context is not None else True,
         trust_env=False,
         follow_redirects=False,
         cookies=httpx.Cookies(CookieJar(policy=DefaultCookiePolicy(allowed_domains=[]))),
         timeout=httpx.Timeout(config.page_timeout_seconds),
-        limits=httpx.Limits(max_connections=config.max_concurrency * 2, max_keepalive_connections=config.max_concurrency),
         headers={"User-Agent": config.user_agent},
     )
 
@@ -389,6 +447,8 @@ class SafeFetcher:
             raise FetchStopped("refused", str(error)) from error
         except ValueError as error:
             raise FetchStopped("refused", "invalid port in URL") from error
+        if domain_matches(host, self.config.blocked_domains):
+            raise FetchStopped("refused", f"blocked domain {host}")
         address = await self._checked_address(host)
         path_and_query = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         return Target(url=url, scheme=scheme, host=host, port=port, address=address, path_and_query=path_and_query)

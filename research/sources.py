@@ -51,6 +51,10 @@ class SourceRegistry:
         """Whether `url` is on a preferred domain (the run's or the extra ones given)."""
         return url_matches(url, [*self.preferred_domains, *preferred_domains])
 
+    def is_blocked(self, url: str, blocked_domains: Iterable[str] = ()) -> bool:
+        """Whether `url` is on a blocked domain or a subdomain of one (the run's or the extra ones given)."""
+        return url_matches(url, [*self.blocked_domains, *blocked_domains])
+
     def is_allowed(
         self,
         result: SearchResult,
@@ -60,7 +64,7 @@ class SourceRegistry:
         since: dt.date | None = None,
     ) -> bool:
         """Whether `result` passes the domain lists and the date limit (an unknown date passes)."""
-        if url_matches(result.url, [*self.blocked_domains, *blocked_domains]):
+        if self.is_blocked(result.url, blocked_domains):
             return False
         if self.restrict_to_preferred and not self.is_preferred(result.url, preferred_domains):
             return False

@@ -6,6 +6,8 @@ import re
 from collections.abc import Iterable
 from urllib.parse import unquote_plus, urlsplit, urlunsplit
 
+from research.netguard import MalformedHostError, normalise_host
+
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
 # Parameters that only say where a click came from; dropping them never changes the page.
@@ -59,27 +61,39 @@ def canonicalize_url(url: str) -> str:
     return urlunsplit((scheme, _netloc(scheme, userinfo, host, port), path, query, ""))
 
 
+def comparable_host(hostname: str) -> str:
+    """`hostname` as the fetcher connects to it (IDNA with UTS 46 mapping, so full-width and upper-case letters fold; no trailing dot); a malformed one only lower-cased."""
+    text = hostname.strip().strip(".")
+    if not text:
+        return ""
+    try:
+        return normalise_host(text)
+    except MalformedHostError:
+        # The fetcher refuses such a host anyway; the filter still compares what it can.
+        return text.lower()
+
+
 def host_of(url: str) -> str:
-    """The lower-case host name of a URL (no port, no trailing dot), or "" when it has none."""
+    """The host name of a URL in the fetcher's canonical form (see `comparable_host`), or "" when it has none."""
     try:
         hostname = urlsplit(url.strip()).hostname
     except ValueError:
         return ""
-    return (hostname or "").lower().rstrip(".")
+    return comparable_host(hostname or "")
 
 
 def normalize_domain(domain: str) -> str:
-    """A domain-list entry as a bare lower-case host: "https://*.Example.com/x" becomes "example.com"."""
-    text = domain.strip().lower()
+    """A domain-list entry as a bare canonical host: "https://*.Example.com/x" becomes "example.com"."""
+    text = domain.strip()
     if _SCHEME_PATTERN.match(text):
         text = host_of(text)
     text = text.split("/", 1)[0]
-    return text.removeprefix("*.").strip(".")
+    return comparable_host(text.removeprefix("*."))
 
 
 def domain_matches(host: str, domains: Iterable[str]) -> bool:
-    """Whether `host` is one of `domains` or a subdomain of one ("www.example.com" matches "example.com")."""
-    host = host.lower().rstrip(".")
+    """Whether `host` is one of `domains` or a subdomain of one ("www.example.com" matches "example.com"), both in canonical form."""
+    host = comparable_host(host)
     if not host:
         return False
     for entry in domains:

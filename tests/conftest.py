@@ -12,7 +12,7 @@ from storage.db import make_engine, make_session_factory
 from storage.models import Base
 
 SETTINGS_PREFIXES = ("DATABASE_", "REDIS_", "LLM_", "SEARCH_", "TAVILY_", "BRAVE_", "EXA_", "SEARXNG_", "FETCH_",
-                     "RESEARCH_", "WORKER_", "MAX_RUNS_", "ADMIN_", "SLACK_", "DISCORD_", "CANCEL_", "LOG_", "DATA_DIR")
+                     "RESEARCH_", "CHAT_", "WORKER_", "MAX_RUNS_", "ADMIN_", "SLACK_", "DISCORD_", "CANCEL_", "LOG_", "DATA_DIR")
 
 
 @pytest.fixture(autouse=True)

@@ -486,6 +486,18 @@ def timing_out(delay: float = 30.0) -> Handler:
     return handler
 
 
+def unavailable_while_writing(model: Handler | None = None, *, status: int = 503) -> Handler:
+    """`model` (the default one unless given), except that every free-text request showing passages (a report, a
+    follow-up answer) is answered HTTP `status`: the model goes down once the sources are gathered."""
+
+    def handler(request: ChatRequest) -> HandlerResult | Awaitable[HandlerResult]:
+        if request.schema_name is None and passages_in(request):
+            return FakeReply(content="The server is overloaded, please try again later.", status=status)
+        return (model or default_research_model)(request)
+
+    return handler
+
+
 def decomposition(subquestions: list[str], queries: list[str] | None = None) -> Callable[[ChatRequest], dict[str, Any]]:
     """A handler answering the decomposition JSON; each sub-question is its own query unless `queries` are given (dealt out round-robin)."""
     per_question: list[list[str]] = [[] for _ in subquestions]

@@ -12,7 +12,8 @@ from research.budget import ResearchOptions
 from research.engine import NO_SOURCES_NOTICE, ResearchState, ResearchTools, unfinished_report
 from research.fetch import FetchConfig
 from research.llm import LLMClient
-from research.models import Document, FetchResult, SearchResult
+from research.models import Document, FetchResult, Passage, SearchResult
+from research.phases.digest import quote_digest, quote_of
 from research.audit import UNVERIFIED_MARKER, AuditResult
 from research.report import (
     STOPPED_BY_USER_LINE,
@@ -134,3 +135,26 @@ def test_timed_out_report_says_it_is_incomplete_and_why() -> None:
     assert report.title == f"Research incomplete: {QUESTION}"
     assert report.body_markdown.startswith("The run ended before the report was written (timed out).")
     assert not report.stopped_by_user and STOPPED_BY_USER_LINE not in render_markdown(report)
+
+
+# -- the digest written instead of a report when the model fails while writing -----------------------------
+
+def passage(passage_id: str, text: str) -> Passage:
+    return Passage(id=passage_id, source_id="s1", text=text, start=0, end=len(text))
+
+
+def test_a_digest_quotes_a_passages_own_sentences_and_skips_those_with_markup_or_bracketed_numbers() -> None:
+    found = passage("p4", "Output figures appear in table [12] of the annex. The Zorblax array delivered 1,011 kWh "
+                          "during the trial.\nIts moorings held through two winter storms. See `config` for more.")
+
+    assert quote_of(found) == ("The Zorblax array delivered 1,011 kWh during the trial. [p4] "
+                               "Its moorings held through two winter storms. [p4]")
+
+
+def test_a_digest_of_passages_with_nothing_quotable_is_none_so_the_run_lists_its_sources_instead() -> None:
+    unquotable = [passage("p1", "See [1]."), passage("p2", "| a | b |"), passage("p3", "Short one.")]
+    source = SearchResult(id="s1", provider="brave", title="Zorblax report", url="https://alpha.example/zorblax")
+
+    digest = asyncio.run(quote_digest(QUESTION, None, unquotable, {"s1": source}, reason="the model stopped answering"))
+
+    assert digest is None
