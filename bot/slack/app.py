@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 from slack_bolt.async_app import AsyncAck, AsyncApp, AsyncBoltContext, AsyncRespond
+from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_bolt.response import BoltResponse
 from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.web.async_client import AsyncWebClient
@@ -29,7 +30,7 @@ from bot.conversation.events import ChatEvent, ConversationHandler, HistoryMessa
 from chat.slack.messenger import build_slack_client
 from chat.slack.render import SlackRenderer
 from bot.slack.bundle import missing_adapter_setting
-from bot.slack.dedupe import EventDeduper
+from bot.slack.dedupe import EventDeduper, MemoryReplayGuard, ReplayGuard, request_fingerprint
 from config import Settings
 
 logger = logging.getLogger(__name__)
@@ -47,6 +48,7 @@ HISTORY_KEEP = 50
 MEMBERSHIP_CACHE_SECONDS = 300.0
 REPLIES = SlackRenderer()
 SOMETHING_WENT_WRONG = "Sorry, something went wrong while handling that. Please try again in a moment."
+REPLAYED_REQUEST_STATUS = 409
 
 
 
@@ -299,10 +301,27 @@ async def deliver(replies: list[Reply], *, client: AsyncWebClient, event: ChatEv
 class SlackListeners:
     """What each Slack request does; bolt calls these methods with the arguments their parameter names ask for."""
 
-    def __init__(self, core: ConversationHandler, dedupe: EventDeduper, membership: ChannelMembership | None = None) -> None:
+    def __init__(self, core: ConversationHandler, dedupe: EventDeduper, membership: ChannelMembership | None = None,
+                 replay_guard: ReplayGuard | None = None) -> None:
         self.core = core
         self.dedupe = dedupe
         self.membership = membership or ChannelMembership()
+        self.replay_guard = replay_guard or MemoryReplayGuard()
+
+    async def refuse_replayed_requests(self, req: AsyncBoltRequest, body: dict[str, Any],
+                                       next_: Callable[[], Awaitable[BoltResponse]]) -> BoltResponse:
+        """Global middleware, after bolt's signature check: a signed request (command, button) seen before is refused.
+
+        Events are left to `drop_retried_events`: Slack's retries of an event are legitimate and deduped by event id.
+        """
+        signature = (req.headers.get("x-slack-signature") or [""])[0]
+        timestamp = (req.headers.get("x-slack-request-timestamp") or [""])[0]
+        if not signature or body.get("type") == "event_callback":
+            return await next_()
+        if not await self.replay_guard.first_sighting(request_fingerprint(signature, timestamp)):
+            logger.info("refused a replayed signed request")
+            return BoltResponse(status=REPLAYED_REQUEST_STATUS, body="replayed request")
+        return await next_()
 
     async def drop_retried_events(self, body: dict[str, Any], next_: Callable[[], Awaitable[BoltResponse]]) -> BoltResponse:
         """Global middleware: an event whose `event_id` was already delivered is acknowledged and goes no further."""
@@ -387,7 +406,8 @@ class SlackListeners:
 
 
 def build_slack_app(settings: Settings, core: ConversationHandler, *, client: AsyncWebClient | None = None,
-                    dedupe: EventDeduper, membership: ChannelMembership | None = None) -> AsyncApp:
+                    dedupe: EventDeduper, membership: ChannelMembership | None = None,
+                    replay_guard: ReplayGuard | None = None) -> AsyncApp:
     """The bolt app with every deepthread listener; raises ValueError without SLACK_BOT_TOKEN, or without
     SLACK_SIGNING_SECRET when there is no SLACK_APP_TOKEN (HTTP mode verifies every request with it)."""
     problem = missing_adapter_setting(settings)
@@ -397,12 +417,13 @@ def build_slack_app(settings: Settings, core: ConversationHandler, *, client: As
     signing_secret = settings.secret("slack_signing_secret")
     app = AsyncApp(client=client, signing_secret=signing_secret or "", process_before_response=False,
                    ignoring_self_events_enabled=True, name="deepthread")
-    register_listeners(app, SlackListeners(core, dedupe, membership))
+    register_listeners(app, SlackListeners(core, dedupe, membership, replay_guard))
     return app
 
 
 def register_listeners(app: AsyncApp, listeners: SlackListeners) -> None:
-    """Attach the dedupe middleware and every listener to `app`."""
+    """Attach the replay and dedupe middleware and every listener to `app`."""
+    app.middleware(listeners.refuse_replayed_requests)
     app.middleware(listeners.drop_retried_events)
     for command in COMMANDS:
         app.command(command)(listeners.on_command)

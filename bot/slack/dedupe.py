@@ -3,10 +3,16 @@
 Slack redelivers an event (with `X-Slack-Retry-Num`) when it did not see our answer in three seconds; the retry carries
 the same `event_id`. The first delivery claims the id with Redis `SET key 1 NX EX 3600` (atomic across every bot
 process); later deliveries of that id find it claimed. Slack stops retrying well within the hour the claim lasts.
+
+Replayed signed requests (slash commands, buttons) are recognised by their signature and timestamp, which together stand
+for the exact request: the signature is an HMAC of the timestamp and the body. Slack never sends one command twice, so a
+second sighting within the window is a replay. Claims go to Redis (`SET NX EX`) and to this process's memory as well, so
+when Redis is down a replay to the same process is still refused (failing closed would refuse every command instead).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -19,6 +25,9 @@ logger = logging.getLogger(__name__)
 
 EVENT_KEY = "deepthread:slack:event:{event_id}"
 CLAIM_SECONDS = 3600
+REPLAY_KEY = "deepthread:slack:request:{fingerprint}"
+# Bolt accepts a timestamp up to five minutes either side of its clock, so one signature stays usable for ten minutes.
+REPLAY_WINDOW_SECONDS = 600
 
 
 class EventDeduper(Protocol):
@@ -81,3 +90,57 @@ class MemoryEventDeduper:
             if self._claimed_until[oldest] > now:
                 return
             del self._claimed_until[oldest]
+
+
+def request_fingerprint(signature: str, timestamp: str) -> str:
+    """A short stable name for one signed request: the SHA-256 of its timestamp and signature."""
+    return hashlib.sha256(f"{timestamp}:{signature}".encode("utf-8")).hexdigest()
+
+
+class ReplayGuard(Protocol):
+    """Tells a signed request's first sighting from a replay of it."""
+
+    async def first_sighting(self, fingerprint: str) -> bool:
+        """Whether the request named `fingerprint` is seen for the first time within the window (and claim it)."""
+        ...
+
+
+class MemoryReplayGuard:
+    """Claims request fingerprints in this process's memory for the replay window."""
+
+    def __init__(self, *, window_seconds: float = REPLAY_WINDOW_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
+        self._claims = MemoryEventDeduper(claim_seconds=window_seconds, clock=clock)
+
+    async def first_sighting(self, fingerprint: str) -> bool:
+        """Whether `fingerprint` was not claimed within the window (claiming it)."""
+        return await self._claims.first_delivery(fingerprint)
+
+
+class RedisReplayGuard:
+    """Claims request fingerprints in Redis, shared by every bot process, and in this process's memory as a fallback."""
+
+    def __init__(self, client: redis.asyncio.Redis, *, window_seconds: int = REPLAY_WINDOW_SECONDS,
+                 memory: MemoryReplayGuard | None = None) -> None:
+        self.client = client
+        self.window_seconds = window_seconds
+        self.memory = memory or MemoryReplayGuard(window_seconds=window_seconds)
+
+    @classmethod
+    def from_url(cls, redis_url: str, *, window_seconds: int = REPLAY_WINDOW_SECONDS) -> "RedisReplayGuard":
+        """A replay guard on the Redis at `redis_url` (redis://, rediss:// or unix://)."""
+        # The same short timeouts as the event deduper: the check happens before Slack's 3 s ack.
+        return cls(redis.asyncio.Redis.from_url(redis_url, socket_timeout=0.5, socket_connect_timeout=0.5),
+                   window_seconds=window_seconds)
+
+    async def first_sighting(self, fingerprint: str) -> bool:
+        """Whether neither Redis nor this process saw `fingerprint` within the window (claiming it in both)."""
+        first_here = await self.memory.first_sighting(fingerprint)
+        try:
+            claimed = await self.client.set(REPLAY_KEY.format(fingerprint=fingerprint), b"1", nx=True, ex=self.window_seconds)
+        except RedisError as error:
+            logger.warning("replay guard's Redis unavailable (%s); checking this process's memory only", type(error).__name__)
+            return first_here
+        return first_here and bool(claimed)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()

@@ -1,8 +1,11 @@
 """Running the Slack bot: Socket Mode when SLACK_APP_TOKEN is set, otherwise HTTP mode behind a public URL.
 
 HTTP mode serves `POST /slack/events` (events, slash commands and interactivity all use this one Request URL; bolt
-verifies each request's signature and timestamp) and `GET /healthz` with uvicorn. Socket Mode opens a WebSocket from
-`apps.connections.open` (on SLACK_API_URL) and needs no public URL; `/healthz` is still served for the orchestrator.
+verifies each request's signature and timestamp) and `GET /healthz` with uvicorn. A body over `MAX_BODY_BYTES` is
+answered 413 as soon as that is known (from Content-Length, else while reading), before any signature check, so an
+unsigned sender cannot make the bot buffer a large body; a signed request seen before is refused (see `dedupe.py`).
+Socket Mode opens a WebSocket from `apps.connections.open` (on SLACK_API_URL) and needs no public URL; `/healthz` is
+still served for the orchestrator.
 """
 
 from __future__ import annotations
@@ -17,13 +20,14 @@ from slack_bolt.async_app import AsyncApp
 from slack_sdk.web.async_client import AsyncWebClient
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
+from starlette.types import Message, Receive
 
 from bot.slack.app import ConversationHandler, build_slack_app
 from bot.slack.bundle import missing_adapter_setting
 from chat.slack.messenger import build_slack_client
-from bot.slack.dedupe import EventDeduper, RedisEventDeduper
+from bot.slack.dedupe import EventDeduper, RedisEventDeduper, RedisReplayGuard, ReplayGuard
 from config import Settings
 from storage.redis import resolve_redis_url
 
@@ -31,6 +35,8 @@ logger = logging.getLogger(__name__)
 
 EVENTS_PATH = "/slack/events"
 HEALTH_PATH = "/healthz"
+# Far above any real Slack payload (a slash command or a big block_actions body is tens of KiB).
+MAX_BODY_BYTES = 1024 * 1024
 
 
 async def healthz(request: Request) -> Response:
@@ -38,14 +44,46 @@ async def healthz(request: Request) -> Response:
     return JSONResponse({"ok": True})
 
 
-def build_http_app(app: AsyncApp | None) -> Starlette:
-    """The ASGI app: `GET /healthz`, and `POST /slack/events` into the bolt `app` when one is given (HTTP mode)."""
+async def body_within(request: Request, limit: int) -> bytes | None:
+    """The request's body, or None as soon as it is known to be over `limit` bytes (the rest is never read)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return None
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            return None
+    return bytes(body)
+
+
+def replaying(body: bytes, receive: Receive) -> Receive:
+    """A `receive` that hands over `body` (already read) first, then defers to the connection's own."""
+    delivered = False
+
+    async def receive_body() -> Message:
+        nonlocal delivered
+        if delivered:
+            return await receive()
+        delivered = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive_body
+
+
+def build_http_app(app: AsyncApp | None, *, max_body_bytes: int = MAX_BODY_BYTES) -> Starlette:
+    """The ASGI app: `GET /healthz`, and `POST /slack/events` into the bolt `app` when one is given (HTTP mode), bodies
+    over `max_body_bytes` refused with 413."""
     routes = [Route(HEALTH_PATH, healthz, methods=["GET"])]
     if app is not None:
         handler = AsyncSlackRequestHandler(app)
 
         async def slack_events(request: Request) -> Response:
-            return await handler.handle(request)
+            body = await body_within(request, max_body_bytes)
+            if body is None:
+                logger.info("refused a request body over %d bytes", max_body_bytes)
+                return PlainTextResponse("request body too large", status_code=413)
+            return await handler.handle(Request(request.scope, receive=replaying(body, request.receive)))
 
         routes.append(Route(EVENTS_PATH, slack_events, methods=["POST"]))
     return Starlette(routes=routes)
@@ -63,10 +101,11 @@ class SlackBot:
     """The running bot: the bolt app behind Socket Mode (with an app token) or HTTP mode, `/healthz` either way."""
 
     def __init__(self, settings: Settings, core: ConversationHandler, *, client: AsyncWebClient | None = None,
-                 dedupe: EventDeduper | None = None) -> None:
+                 dedupe: EventDeduper | None = None, replay_guard: ReplayGuard | None = None) -> None:
         self.client = client or slack_client(settings)
         self.dedupe = dedupe or RedisEventDeduper.from_url(resolve_redis_url(settings.redis_url, settings.data_dir))
-        self.app = build_slack_app(settings, core, client=self.client, dedupe=self.dedupe)
+        self.replay_guard = replay_guard or RedisReplayGuard.from_url(resolve_redis_url(settings.redis_url, settings.data_dir))
+        self.app = build_slack_app(settings, core, client=self.client, dedupe=self.dedupe, replay_guard=self.replay_guard)
         self.app_token = settings.secret("slack_app_token")
         self.http_app = build_http_app(None if self.app_token else self.app)
         self.socket_mode: AsyncSocketModeHandler | None = None
@@ -88,9 +127,10 @@ class SlackBot:
         finally:
             if self.socket_mode is not None:
                 await self.socket_mode.close_async()
-            aclose = getattr(self.dedupe, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            for closable in (self.dedupe, self.replay_guard):
+                aclose = getattr(closable, "aclose", None)
+                if aclose is not None:
+                    await aclose()
 
     def stop(self) -> None:
         """Ask the server to shut down (safe from another thread)."""
