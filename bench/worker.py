@@ -1,6 +1,6 @@
-"""One worker process running 50 research runs at once: throughput, time to the first status edit, memory per run.
+"""One worker process running N research runs at once (50 by default): throughput, time to the first status edit, memory per run.
 
-A real `deepthread worker --concurrency=50` process (Celery's threads, the runs on one shared
+A real `deepthread worker --concurrency=N` process (N = `--runs`) (Celery's threads, the runs on one shared
 event loop) against SQLite (WAL) in a temporary directory, a real Redis on 127.0.0.1, the fake
 Slack, and the research fakes with the fixed latencies of `bench/engine.py`: the LLM answers every
 call in 800 ms, the search API in 300 ms, and 12 pages on 6 host names (2 a host) in 100 to
@@ -8,7 +8,7 @@ call in 800 ms, the search API in 300 ms, and 12 pages on 6 host names (2 a host
 client-side pacing (Brave's one call a second, shared by every worker through Redis, would make
 this a benchmark of Brave's plan).
 
-50 users in 5 workspaces (10 each, so MAX_RUNS_PER_WORKSPACE=10 admits them all at once) each
+N users in N/10 workspaces (10 each, so MAX_RUNS_PER_WORKSPACE=10 admits them all at once) each
 start one run the way the bot does (a root message, a status message in its thread, a Run row,
 `Queue.submit`). One warm-up run goes first (first imports, first extraction, the CPU pool's
 processes spawned) and is not counted.
@@ -17,12 +17,12 @@ processes spawned) and is not counted.
   of the run's status message;
 - runs per minute: runs completed (state `done` and a report posted in the thread) divided by the
   time from the first submit to the last report message posted;
-- memory per run: (peak RSS of the worker's process tree while the 50 runs run − its idle RSS after
-  the warm-up) / 50; RSS (and CPU time) sampled every 0.1 s with psutil. The worker's children (the
+- memory per run: (peak RSS of the worker's process tree while the N runs run − its idle RSS after
+  the warm-up) / N; RSS (and CPU time) sampled every 0.1 s with psutil. The worker's children (the
   CPU pool's processes and multiprocessing's resource tracker) are also shown apart: they are a
   fixed overhead of the worker, not a cost per run.
 
-    .venv/bin/python bench/worker.py [--database postgresql] [--status-edits-per-minute N]
+    .venv/bin/python bench/worker.py [--runs N] [--database postgresql] [--status-edits-per-minute N]
 """
 
 from __future__ import annotations
@@ -59,8 +59,7 @@ from tests.services import create_database, postgres_server, redis_server  # noq
 from worker.queue import Limits, Queue  # noqa: E402
 
 RUNS = 50
-WORKSPACES = 5
-CONCURRENCY = 50
+RUNS_PER_WORKSPACE = 10
 SAMPLE_SECONDS = 0.1
 POLL_SECONDS = 0.5
 IDLE_SETTLE_SECONDS = 3.0
@@ -335,6 +334,8 @@ class Measurement(BaseModel):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--runs", type=int, default=RUNS,
+                        help=f"runs at once, in one worker with that concurrency, {RUNS_PER_WORKSPACE} per workspace")
     parser.add_argument("--database", choices=("sqlite", "postgresql"), default="sqlite")
     parser.add_argument("--status-edits-per-minute", type=int, default=None,
                         help="STATUS_EDITS_PER_MINUTE per workspace (default: the setting's default, 40)")
@@ -347,25 +348,31 @@ def main() -> None:
           f"{len(HOSTS) * PAGES_PER_HOST} pages on {len(HOSTS)} hosts at "
           f"{FASTEST_PAGE_SECONDS * 1000:.0f}-{SLOWEST_PAGE_SECONDS * 1000:.0f} ms, "
           f"robots.txt {ROBOTS_SECONDS * 1000:.0f} ms")
-    print(f"{RUNS} runs by {RUNS} users in {WORKSPACES} workspaces, one worker process, --concurrency={CONCURRENCY}")
+    runs = arguments.runs
+    print(f"{runs} runs by {runs} users in {workspaces_for(runs)} workspaces, one worker process, --concurrency={runs}")
     with tempfile.TemporaryDirectory(prefix="deepthread-bench-worker-") as workdir:
-        measurement = measure(arguments.database, Path(workdir), settings)
+        measurement = measure(arguments.database, Path(workdir), settings, runs)
     report(measurement)
 
 
-def measure(database_kind: str, workdir: Path, settings: dict[str, str]) -> Measurement:
-    """Start the services and one worker, run the warm-up run, then the 50 runs, sampling the worker throughout."""
+def workspaces_for(runs: int) -> int:
+    """Workspaces enough for `runs` to be admitted at once under MAX_RUNS_PER_WORKSPACE=10."""
+    return max(1, -(-runs // RUNS_PER_WORKSPACE))
+
+
+def measure(database_kind: str, workdir: Path, settings: dict[str, str], runs: int = RUNS) -> Measurement:
+    """Start the services and one worker, run the warm-up run, then the `runs` runs, sampling the worker throughout."""
     with (redis_server() as redis_url, database(database_kind, workdir) as database_url, bench_corpus() as corpus,
           FakeSlack() as slack):
         connect(redis_url).flushall()
         cluster = BenchCluster(
             database_url=database_url, redis_url=redis_url, corpus=corpus, slack=slack,
-            workdir=workdir, research_max_rounds="2", worker_concurrency=str(CONCURRENCY),
+            workdir=workdir, research_max_rounds="2", worker_concurrency=str(runs),
             search_providers="tavily", tavily_api_key=corpus.search.api_keys.get("tavily", "tvly-any"),
             tavily_base_url=corpus.search.base_url("tavily"), **settings,
         )
         try:
-            worker = cluster.start_worker("bench", concurrency=CONCURRENCY)
+            worker = cluster.start_worker("bench", concurrency=runs)
             with ProcessSampler(worker.pid) as sampler:
                 cold = settle_idle(sampler, IDLE_SETTLE_SECONDS)
                 warm_up_ids = start_runs(cluster, "warm-up", [("U0WARMUP", "TWARMUP")])
@@ -379,7 +386,7 @@ def measure(database_kind: str, workdir: Path, settings: dict[str, str]) -> Meas
                       "(other processes: a busy machine skews the figures)")
                 print(f"worker's children when idle after the warm-up: {describe_children(sampler.process)}")
                 first_sample = len(sampler.samples)
-                users = [(f"U0USER{index:02d}", f"T{index % WORKSPACES + 1}") for index in range(RUNS)]
+                users = [(f"U0USER{index:03d}", f"T{index % workspaces_for(runs) + 1}") for index in range(runs)]
                 timings = wait_until_delivered(cluster, slack, start_runs(cluster, "bench", users), RUN_TIMEOUT_SECONDS)
                 during = sampler.samples[first_sample:]
         finally:
@@ -403,7 +410,7 @@ def report(measurement: Measurement) -> None:
     print_timings(timings, completed, span, runs_per_minute)
     print_first_edits(timings, first_edits)
     per_run = print_memory(timings, measurement.cold, measurement.idle, during)
-    print_cpu([sample for sample in during if sample.at <= last_delivery], first_submit)
+    print_cpu([sample for sample in during if sample.at <= last_delivery], first_submit, len(timings))
     warnings = [line for line in measurement.log.splitlines()
                 if any(marker in line for marker in ("WARNING", "ERROR", "Traceback"))]
     print(f"worker log: {len(warnings)} warning/error lines" + (f", first: {warnings[0][:200]}" if warnings else ""))
@@ -462,7 +469,7 @@ def print_memory(timings: list[RunTiming], cold: ProcessSample, idle: ProcessSam
     for label, sample in (("idle, cold", cold), ("idle, warm", idle)):
         print(f"  {label:<15} {mib(sample.main_bytes):>8} {mib(sample.children_bytes):>9} {mib(sample.total_bytes):>8}"
               f"   ({sample.children} children)")
-    print(f"  {'peak, 50 runs':<15} {mib(peak_main):>8} {mib(peak_children):>9} {mib(peak_total):>8}")
+    print(f"  {f'peak, {len(timings)} runs':<15} {mib(peak_main):>8} {mib(peak_children):>9} {mib(peak_total):>8}")
     print(f"per run: ({mib(peak_total)} - {mib(idle.total_bytes)}) / {len(timings)} = {per_run / MIB:.2f} MiB "
           f"(worker process alone: {(peak_main - idle.main_bytes) / len(timings) / MIB:.2f} MiB; "
           f"children grew {mib(peak_children - idle.children_bytes)} MiB in all)")
@@ -471,12 +478,12 @@ def print_memory(timings: list[RunTiming], cold: ProcessSample, idle: ProcessSam
     return per_run
 
 
-def print_cpu(busy: list[ProcessSample], first_submit: float) -> None:
+def print_cpu(busy: list[ProcessSample], first_submit: float, runs: int) -> None:
     """CPU use of the worker process and of the CPU pool while the runs ran, overall and second by second."""
     if len(busy) < 2:
         return
     seconds = busy[-1].at - busy[0].at
-    print(f"CPU while the 50 ran ({seconds:.1f} s): worker process "
+    print(f"CPU while the {runs} ran ({seconds:.1f} s): worker process "
           f"{(busy[-1].main_cpu_seconds - busy[0].main_cpu_seconds) / seconds:.0%} of a core, CPU pool "
           f"{(busy[-1].children_cpu_seconds - busy[0].children_cpu_seconds) / seconds:.0%} of a core")
     print("each second from the first submit, % of one core:")

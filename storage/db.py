@@ -16,6 +16,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+# A session that finds every pooled connection busy waits this long for one before failing (a burst waits).
+POOL_WAIT_SECONDS = 60
+# Connections beyond the sized pool, for a process's background threads (reaper, cancel watcher, admission).
+POOL_OVERFLOW = 16
 
 
 def normalise_url(url: str) -> str:
@@ -137,6 +141,12 @@ def make_engine(url: str, **options: Any) -> Engine:
         return engine
     options.setdefault("pool_pre_ping", True)
     return create_engine(url, **options)
+
+
+def pool_options(sessions_at_once: int) -> dict[str, int]:
+    """SQLAlchemy pool settings for a process whose work may hold `sessions_at_once` sessions at the same time:
+    that many connections kept, POOL_OVERFLOW more for its background threads, and a long wait rather than a failure."""
+    return {"pool_size": sessions_at_once, "max_overflow": POOL_OVERFLOW, "pool_timeout": POOL_WAIT_SECONDS}
 
 
 def database_now(session: Session) -> dt.datetime:

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from collections.abc import Iterator
 
 import redis
-from redis.backoff import NoBackoff
+from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
 
 EMBEDDED_DB_FILE = "redis.db"
@@ -131,13 +131,36 @@ def celery_broker_url(redis_url: str) -> str:
     return redis_url
 
 
-def connect(redis_url: str, *, fail_fast: bool = False) -> redis.Redis:
-    """A client for `redis_url` (redis://, rediss:// or unix://).
+# Every client gives up on a server that stops answering, instead of holding its thread for ever.
+SOCKET_TIMEOUT_SECONDS = 5.0
+CONNECT_TIMEOUT_SECONDS = 2.0
+# An idle pooled connection is pinged before reuse after this long, so one cut by a restart is replaced.
+HEALTH_CHECK_SECONDS = 15
+
+
+def client_options(*, socket_timeout: float = SOCKET_TIMEOUT_SECONDS,
+                   connect_timeout: float = CONNECT_TIMEOUT_SECONDS) -> dict[str, float]:
+    """The timeouts every deepthread Redis client is built with (redis-py's keyword names)."""
+    return {"socket_timeout": socket_timeout, "socket_connect_timeout": connect_timeout,
+            "health_check_interval": HEALTH_CHECK_SECONDS}
+
+
+def broker_transport_options() -> dict[str, float]:
+    """Celery's (kombu's) Redis transport options: the same timeouts, so a hung broker cannot block a worker."""
+    options = client_options()
+    # kombu waits on BRPOP for up to a second; its socket must outlast that wait.
+    options["socket_timeout"] = max(options["socket_timeout"], 2.0)
+    return {**options, "retry_on_timeout": True}
+
+
+def connect(redis_url: str, *, fail_fast: bool = False, socket_timeout: float = SOCKET_TIMEOUT_SECONDS) -> redis.Redis:
+    """A client for `redis_url` (redis://, rediss:// or unix://) that gives up after `socket_timeout` seconds.
 
     With `fail_fast`, a call fails within about a second when the server does not answer, without
     redis-py's retries, for callers that have somewhere else to look.
     """
     if fail_fast:
-        return redis.Redis.from_url(redis_url, decode_responses=False, socket_timeout=1.0,
-                                    socket_connect_timeout=1.0, retry=Retry(NoBackoff(), 0))
-    return redis.Redis.from_url(redis_url, decode_responses=False)
+        return redis.Redis.from_url(redis_url, decode_responses=False, retry=Retry(NoBackoff(), 0),
+                                    **client_options(socket_timeout=1.0, connect_timeout=1.0))
+    return redis.Redis.from_url(redis_url, decode_responses=False, retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 1),
+                                **client_options(socket_timeout=socket_timeout))

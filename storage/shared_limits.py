@@ -7,6 +7,8 @@ disagree still share one timeline.
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Literal, cast, overload
 
@@ -14,6 +16,12 @@ import redis
 import redis.asyncio
 import redis.asyncio.lock
 import redis.lock
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from storage.redis import SOCKET_TIMEOUT_SECONDS, client_options
+
+logger = logging.getLogger(__name__)
 
 BreakerState = Literal["closed", "open", "half_open"]
 Sleep = Callable[[float], Awaitable[None]]
@@ -105,9 +113,56 @@ return {granted, wait}
 """
 
 
-def connect_async(redis_url: str) -> redis.asyncio.Redis:
-    """An asyncio client for `redis_url` (redis://, rediss:// or unix://)."""
-    return redis.asyncio.Redis.from_url(redis_url, decode_responses=False)
+# What a Redis outage raises: redis-py's errors (connection, timeout, no pooled connection) and the OS's.
+REDIS_ERRORS = (redis.RedisError, OSError)
+# How long a call waits for a pooled connection when every one is busy (a burst of runs), before failing.
+POOL_WAIT_SECONDS = 10.0
+DEFAULT_MAX_CONNECTIONS = 50
+
+
+def connections_for(concurrency: int) -> int:
+    """The asyncio pool's size for a worker running `concurrency` runs at once: one each, and some for its own calls."""
+    return concurrency + 16
+
+
+def connect_async(redis_url: str, *, max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                  socket_timeout: float = SOCKET_TIMEOUT_SECONDS) -> redis.asyncio.Redis:
+    """An asyncio client for `redis_url` (redis://, rediss:// or unix://) with at most `max_connections`
+    connections, giving up on a silent server after `socket_timeout` seconds; a call finding every connection
+    busy waits for one (up to POOL_WAIT_SECONDS) instead of failing."""
+    pool = redis.asyncio.BlockingConnectionPool.from_url(
+        redis_url, decode_responses=False, max_connections=max_connections, timeout=POOL_WAIT_SECONDS,
+        retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 1), **client_options(socket_timeout=socket_timeout))
+    return redis.asyncio.Redis.from_pool(pool)
+
+
+class RedisOutage:
+    """Says once, at WARNING, that Redis is unreachable and the shared limits let calls through, and once that it is back."""
+
+    def __init__(self) -> None:
+        self._down = False
+        self._lock = threading.Lock()
+
+    @property
+    def down(self) -> bool:
+        return self._down
+
+    def failed(self, what: str, error: BaseException) -> None:
+        with self._lock:
+            first, self._down = not self._down, True
+        if first:
+            logger.warning("Redis unreachable (%s: %s); rate limits and circuit breakers let calls through until it "
+                           "is back", what, type(error).__name__)
+
+    def answered(self) -> None:
+        with self._lock:
+            was_down, self._down = self._down, False
+        if was_down:
+            logger.warning("Redis reachable again; rate limits and circuit breakers apply again")
+
+
+# One per process: every run's limiter and breaker report the same outage once.
+REDIS_OUTAGE = RedisOutage()
 
 
 class RedisRateLimiter:
@@ -124,8 +179,10 @@ class RedisRateLimiter:
         default_interval: float = 0.0,
         prefix: str = "deepthread:rate:",
         sleep: Sleep = asyncio.sleep,
+        outage: RedisOutage = REDIS_OUTAGE,
     ) -> None:
         self._intervals = dict(intervals)
+        self._outage = outage
         self._default_interval = default_interval
         self._prefix = prefix
         self._sleep = sleep
@@ -136,11 +193,16 @@ class RedisRateLimiter:
         return self._intervals.get(key, self._default_interval)
 
     async def acquire(self, key: str) -> None:
-        """Reserve the next free slot for `key` in Redis and wait until it comes; raises redis errors."""
+        """Reserve the next free slot for `key` in Redis and wait until it comes; with Redis unreachable, go at once."""
         interval = self.interval_for(key)
         if interval <= 0:
             return
-        wait_microseconds = await self._reserve_slot(keys=[self._prefix + key], args=[round(interval * MICROSECONDS)])
+        try:
+            wait_microseconds = await self._reserve_slot(keys=[self._prefix + key], args=[round(interval * MICROSECONDS)])
+        except REDIS_ERRORS as error:
+            self._outage.failed("rate limiter", error)
+            return
+        self._outage.answered()
         if int(wait_microseconds) > 0:
             await self._sleep(int(wait_microseconds) / MICROSECONDS)
 
@@ -158,10 +220,12 @@ class RedisCircuitBreaker:
         failure_threshold: int = 3,
         cooldown: float = 60.0,
         prefix: str = "deepthread:breaker:",
+        outage: RedisOutage = REDIS_OUTAGE,
     ) -> None:
         if failure_threshold < 1:
             raise ValueError("failure_threshold must be at least 1")
         self._redis = redis_client
+        self._outage = outage
         self._failure_threshold = failure_threshold
         self._cooldown_microseconds = round(cooldown * MICROSECONDS)
         # Consecutive failures are forgotten after a quiet day (or two cool-downs, if longer).
@@ -172,21 +236,34 @@ class RedisCircuitBreaker:
         self._state = redis_client.register_script(_BREAKER_STATE)
 
     async def state(self, key: str) -> BreakerState:
-        """The circuit's state for `key` as of now (an open circuit past its cool-down reads half-open)."""
-        state = await self._state(keys=[self._prefix + key], args=[self._cooldown_microseconds])
-        return cast(BreakerState, _as_text(state))
+        """The circuit's state for `key` as of now (an open circuit past its cool-down reads half-open; closed while Redis is unreachable)."""
+        state = await self._fail_open("state", self._state(keys=[self._prefix + key], args=[self._cooldown_microseconds]))
+        return "closed" if state is None else cast(BreakerState, _as_text(state))
 
     async def allow(self, key: str) -> bool:
-        """Allow calls while closed, and a single probe (across all processes) once an open circuit has cooled down."""
-        return bool(await self._allow(keys=[self._prefix + key], args=[self._cooldown_microseconds]))
+        """Allow calls while closed, and a single probe (across all processes) once an open circuit has cooled down;
+        allow every call while Redis is unreachable."""
+        allowed = await self._fail_open("allow", self._allow(keys=[self._prefix + key], args=[self._cooldown_microseconds]))
+        return True if allowed is None else bool(allowed)
 
     async def record_success(self, key: str) -> None:
         """Close the circuit and forget earlier failures."""
-        await self._redis.delete(self._prefix + key)
+        await self._fail_open("record_success", self._redis.delete(self._prefix + key))
 
     async def record_failure(self, key: str) -> None:
         """Count a failure; open the circuit at the threshold, or again at once after a failed probe."""
-        await self._failure(keys=[self._prefix + key], args=[self._failure_threshold, self._keep_milliseconds])
+        await self._fail_open("record_failure", self._failure(keys=[self._prefix + key],
+                                                             args=[self._failure_threshold, self._keep_milliseconds]))
+
+    async def _fail_open(self, what: str, call: Awaitable[object]) -> object | None:
+        """The call's answer, or None when Redis could not be reached (noted once per outage)."""
+        try:
+            answer = await call
+        except REDIS_ERRORS as error:
+            self._outage.failed(f"circuit breaker {what}", error)
+            return None
+        self._outage.answered()
+        return answer
 
 
 class EditBucketRules:

@@ -1,9 +1,10 @@
 """One watcher per worker process that turns cancel requests into cancelled runs.
 
-The bot marks a run cancelled in Redis (and on its row). Rather than each run polling its own
-flag four times a second, one thread reads the flags of every run the process is executing in
-one round trip and cancels the matching tokens, each in the event loop it belongs to. When Redis
-cannot be read it reads the rows instead, so a cancel still arrives.
+The bot marks a run cancelled on its row, then in Redis when it can. Rather than each run polling
+its own flag four times a second, one thread reads the flags of every run the process is executing
+in one round trip and cancels the matching tokens, each in the event loop it belongs to. It also
+reads the rows, every few polls (and at every poll while Redis cannot be read), so a cancel whose
+flag never reached Redis, or that Redis lost, still arrives.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from storage.shared_limits import CANCEL_FLAG, read_cancel_flags
 logger = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.25
+# The rows are read every this many polls (once a second) while Redis answers.
+ROWS_EVERY_POLLS = 4
 
 ReadFlags = Callable[[list[int]], Mapping[int, str]]
 
@@ -47,12 +50,16 @@ def row_flags(sessions: sessionmaker[Session]) -> ReadFlags:
 
 
 class CancelWatcher:
-    """Polls the cancel flags of the runs being executed and cancels their tokens in their own loops."""
+    """Polls the cancel flags (Redis, and the run rows) of the runs being executed and cancels their tokens in their own loops."""
 
-    def __init__(self, flags: ReadFlags, fallback: ReadFlags, *, interval: float = POLL_SECONDS) -> None:
+    def __init__(self, flags: ReadFlags, rows: ReadFlags, *, interval: float = POLL_SECONDS,
+                 rows_every: int = ROWS_EVERY_POLLS) -> None:
         self._flags = flags
-        self._fallback = fallback
+        self._rows = rows
         self._interval = interval
+        self._rows_every = rows_every
+        self._polls = 0
+        self._redis_unreadable = False
         self._watched: dict[int, tuple[asyncio.AbstractEventLoop, CancelToken]] = {}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -75,21 +82,27 @@ class CancelWatcher:
                     del self._watched[run_id]
 
     def poll(self) -> None:
-        """Read every watched run's flag once and cancel the flagged ones."""
+        """Read every watched run's flag once (and, every few polls, its row) and cancel the flagged ones."""
         with self._lock:
             watched = dict(self._watched)
         if not watched:
             return
         run_ids = sorted(watched)
+        self._polls += 1
+        stopped: dict[int, str] = {}
         try:
-            stopped = self._flags(run_ids)
+            stopped.update(self._flags(run_ids))
         except Exception:  # a flaky flag store must not blind the runs to cancels
-            logger.warning("cancel flags unreadable in Redis; reading the run rows", exc_info=True)
+            if not self._redis_unreadable:
+                logger.warning("cancel flags unreadable in Redis; reading the run rows", exc_info=True)
+            self._redis_unreadable = True
+        else:
+            self._redis_unreadable = False
+        if self._redis_unreadable or self._polls % self._rows_every == 0:
             try:
-                stopped = self._fallback(run_ids)
+                stopped = {**self._rows(run_ids), **stopped}
             except Exception:
-                logger.warning("cancel flags unreadable in the database too", exc_info=True)
-                return
+                logger.warning("cancel flags unreadable in the database", exc_info=True)
         for run_id, by in stopped.items():
             loop, token = watched[run_id]
             if not token.cancelled:

@@ -10,16 +10,56 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from celery import Celery, signals
+from celery.worker.consumer import Consumer
 
 from chat.platform import OutboundPlatform
 from config import Settings, get_settings
-from storage.redis import celery_broker_url, resolve_redis_url
+from storage.redis import broker_transport_options, celery_broker_url, resolve_redis_url
 from worker.queue import QUEUE_NAME
 
 logger = logging.getLogger(__name__)
+
+# One hour: a task message taken by a worker that died is delivered again after this (the reaper acts sooner).
+VISIBILITY_TIMEOUT_SECONDS = 3600
+
+
+class BrokerOutageConsumer(Consumer):
+    """Celery's consumer, reconnecting (instead of dying) when the Redis broker went away while a task was unacknowledged.
+
+    On a lost connection Celery collects the kombu connection, which detaches its transport, then
+    closes it. kombu's Redis channel, whose close was cut short by the failed read of its pending
+    BRPOP, then tries again to restore the unacknowledged messages through the detached transport
+    and raises AttributeError ('NoneType' object has no attribute 'hostname'), which Celery treats
+    as unrecoverable; so does acknowledging, later, a task received on that channel. The broken
+    connection is already dropped by then, so carrying on reconnects; the unacknowledged message
+    comes back after the visibility timeout and finds its run ended (tasks check the run's state).
+    """
+
+    def on_connection_error_after_connected(self, exc: Exception) -> None:
+        try:
+            super().on_connection_error_after_connected(exc)
+        except AttributeError:
+            logger.warning("broker connection lost with tasks unacknowledged; reconnecting")
+
+    def call_soon_ack(self, p: Callable[..., object], *args: object, **kwargs: object) -> object:
+        return super().call_soon_ack(_unless_channel_detached(p), *args, **kwargs)
+
+
+def _unless_channel_detached(acknowledge: Callable[..., object]) -> Callable[..., object]:
+    """`acknowledge`, logging instead of raising when its message came on a channel whose connection was lost."""
+
+    def call(*args: object, **kwargs: object) -> object:
+        try:
+            return acknowledge(*args, **kwargs)
+        except AttributeError:
+            logger.warning("a task received before the broker connection was lost could not be acknowledged; "
+                           "the broker delivers it again after its visibility timeout, to no effect")
+            return None
+
+    return call
 
 
 app = Celery("deepthread", set_as_current=False)
@@ -32,11 +72,14 @@ app.conf.update(
     task_serializer="json",
     accept_content=["json"],
     task_default_queue=QUEUE_NAME,
+    broker_connection_retry=True,
     broker_connection_retry_on_startup=True,
+    broker_connection_max_retries=None,  # a worker waits out a broker outage of any length
     worker_hijack_root_logger=False,
     worker_send_task_events=False,
     worker_cancel_long_running_tasks_on_connection_loss=False,
-    broker_transport_options={"visibility_timeout": 3600},
+    worker_consumer=f"{__name__}:BrokerOutageConsumer",
+    broker_transport_options={"visibility_timeout": VISIBILITY_TIMEOUT_SECONDS, **broker_transport_options()},
 )
 
 

@@ -115,7 +115,7 @@ async def _child_edits(client: redis.asyncio.Redis, prefix: str, first_run_id: i
 async def _child_cancel(client: redis.asyncio.Redis, redis_url: str, prefix: str) -> dict[str, Any]:
     """A worker's cancel watcher in this process, watching run 7, as the worker does."""
     watcher = CancelWatcher(redis_flags(redis.Redis.from_url(redis_url), key=prefix + "cancel:{run_id}"),
-                            fallback=lambda run_ids: {})
+                            rows=lambda run_ids: {})
     try:
         with watcher.watching(7, CancelToken()) as token:
             await client.set(prefix + "watching", "1")
@@ -302,3 +302,15 @@ def test_scripts_run_on_the_real_server(redis_url: str, prefix: str) -> None:
     first, second, wait = asyncio.run(exercise())
     assert (first, second) == (True, False)
     assert 55 < wait <= 60
+
+
+def test_more_calls_at_once_than_pooled_connections_wait_for_one_instead_of_failing(redis_url: str, prefix: str) -> None:
+    async def burst() -> list[bool]:
+        client = connect_async(redis_url, max_connections=2)
+        bucket = EditBucket(client, capacity=100, per_seconds=60.0, reserve_fraction=0.0, prefix=prefix + "edits:")
+        try:
+            return await asyncio.gather(*(bucket.take(f"T{index % 5}") for index in range(40)))
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(burst()) == [True] * 40

@@ -43,7 +43,7 @@ def test_each_flagged_run_is_cancelled_in_its_own_loop_and_only_it() -> None:
         reads.append(run_ids)
         return redis_flags(client)(run_ids)
 
-    watcher = CancelWatcher(flags, fallback=lambda run_ids: {}, interval=0.02)
+    watcher = CancelWatcher(flags, rows=lambda run_ids: {}, interval=0.02)
     seen: dict[int, str | None] = {}
     readies = {run_id: threading.Event() for run_id in (1, 2, 3)}
     threads = [threading.Thread(target=run_in_own_loop, args=(watcher, run_id, seen, readies[run_id]))
@@ -92,7 +92,7 @@ def test_the_run_rows_are_read_when_redis_cannot_be(session_factory: sessionmake
 
 def test_a_token_outside_its_block_is_not_cancelled() -> None:
     client = fakeredis.FakeRedis()
-    watcher = CancelWatcher(redis_flags(client), fallback=lambda run_ids: {}, interval=60)
+    watcher = CancelWatcher(redis_flags(client), rows=lambda run_ids: {}, interval=60)
 
     async def watch_then_leave() -> CancelToken:
         with watcher.watching(9, CancelToken()) as token:
@@ -134,3 +134,23 @@ def test_a_cancel_flag_is_read_back_for_its_run_only_and_lives_for_a_day() -> No
     assert read_cancel_flags(client, [6, 7, 8]) == {7: "slack:U1"}
     assert read_cancel_flags(client, []) == {}
     assert 24 * 3600 - 5 <= client.ttl(CANCEL_FLAG.format(run_id=7)) <= 24 * 3600
+
+
+def test_a_cancel_only_on_the_run_row_is_noticed_while_redis_answers_without_its_flag() -> None:
+    # Redis came back empty after an outage during which the bot could write only the row.
+    client = fakeredis.FakeRedis()
+    watcher = CancelWatcher(redis_flags(client), rows=lambda run_ids: {4: "slack:U4"}, interval=60, rows_every=2)
+
+    async def poll_twice() -> tuple[bool, CancelToken]:
+        with watcher.watching(4, CancelToken()) as token:
+            watcher.poll()
+            await asyncio.sleep(0)
+            after_first = token.cancelled
+            watcher.poll()
+            await asyncio.sleep(0)
+        return after_first, token
+
+    after_first, token = asyncio.run(poll_twice())
+    watcher.stop()
+    assert after_first is False  # the rows are read every other poll here, the flags at every one
+    assert token.cancelled_by == "slack:U4"

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import fakeredis
 import fakeredis.aioredis
 import pytest
+import redis.asyncio
 import redis.exceptions
 
 from research.limits import CircuitBreaker, RateLimiter
 from storage.shared_limits import (
     EditBucket,
     RedisCircuitBreaker,
+    RedisOutage,
     RedisRateLimiter,
     redis_lock,
 )
@@ -246,3 +249,49 @@ async def test_lock_expires_after_its_timeout(client: fakeredis.aioredis.FakeRed
     assert await redis_lock(client, "admission", timeout=0.05).acquire() is True
     await asyncio.sleep(0.07)
     assert await redis_lock(other_client, "admission", timeout=10).acquire(blocking=False) is True
+
+
+def unreachable_async_redis() -> redis.asyncio.Redis:
+    """A client of a loopback port nothing listens on: Redis down."""
+    from storage.shared_limits import connect_async
+    from tests.fakes.server import free_port
+
+    return connect_async(f"redis://127.0.0.1:{free_port()}/0")
+
+
+async def test_limiter_lets_calls_through_at_once_while_redis_is_down_and_says_so_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    sleeps = RecordedSleeps()
+    limiter = RedisRateLimiter(unreachable_async_redis(), {"brave": 1.0}, sleep=sleeps, outage=RedisOutage())
+    with caplog.at_level(logging.WARNING, logger="storage.shared_limits"):
+        for _ in range(3):
+            await limiter.acquire("brave")
+    assert sleeps.seconds == []
+    assert [record.levelname for record in caplog.records] == ["WARNING"]
+
+
+async def test_breaker_allows_every_call_and_records_nothing_while_redis_is_down(caplog: pytest.LogCaptureFixture) -> None:
+    outage = RedisOutage()
+    breaker = RedisCircuitBreaker(unreachable_async_redis(), failure_threshold=1, outage=outage)
+    with caplog.at_level(logging.WARNING, logger="storage.shared_limits"):
+        await breaker.record_failure("tavily")
+        assert await breaker.allow("tavily") is True
+        assert await breaker.state("tavily") == "closed"
+        await breaker.record_success("tavily")
+    assert outage.down
+    assert len(caplog.records) == 1
+
+
+async def test_limits_apply_again_once_redis_answers_and_the_next_outage_is_reported_again(
+        client: fakeredis.aioredis.FakeRedis, caplog: pytest.LogCaptureFixture) -> None:
+    outage = RedisOutage()
+    down = RedisCircuitBreaker(unreachable_async_redis(), failure_threshold=1, outage=outage)
+    up = RedisCircuitBreaker(client, failure_threshold=1, outage=outage)
+    with caplog.at_level(logging.WARNING, logger="storage.shared_limits"):
+        await down.allow("exa")
+        await up.record_failure("exa")
+        assert await up.allow("exa") is False
+        await down.allow("exa")
+    assert outage.down
+    assert [record.getMessage()[:17] for record in caplog.records] == [
+        "Redis unreachable", "Redis reachable a", "Redis unreachable"]
