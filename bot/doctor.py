@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable
 from typing import Literal
 
 import httpx
+import redis
 from pydantic import BaseModel
 from sqlalchemy import text
 
@@ -64,10 +65,18 @@ def check_database(settings: Settings) -> Check:
     return Check(component="database", status="ok", detail=f"{backend} reachable", required=True)
 
 
-def check_redis(settings: Settings) -> Check:
+RedisFactory = Callable[[Settings], redis.Redis]
+
+
+def configured_redis(settings: Settings) -> redis.Redis:
+    """A client for REDIS_URL, or for the embedded server (started if need be) when it is empty."""
+    return connect(resolve_redis_url(settings.redis_url, settings.data_dir))
+
+
+def check_redis(settings: Settings, redis_for: RedisFactory = configured_redis) -> Check:
     where = "configured server" if settings.redis_url else "embedded server under " + settings.data_dir
     try:
-        connect(resolve_redis_url(settings.redis_url, settings.data_dir)).ping()
+        redis_for(settings).ping()
     except Exception as error:  # a failed ping is a verdict here, not a crash
         return Check(component="redis", status="error", detail=f"{where}: {type(error).__name__}", required=True)
     return Check(component="redis", status="ok", detail=f"{where} answers PING", required=True)
@@ -131,9 +140,10 @@ def check_search(settings: Settings, http: httpx.Client) -> list[Check]:
 PlatformCheck = Callable[[Settings, httpx.Client], Check]
 
 
-def run_checks(settings: Settings, http: httpx.Client, platform_checks: Iterable[PlatformCheck] = ()) -> list[Check]:
+def run_checks(settings: Settings, http: httpx.Client, platform_checks: Iterable[PlatformCheck] = (), *,
+               redis_for: RedisFactory = configured_redis) -> list[Check]:
     """Check every component, each platform with its bundle's check; never raises for a component that is down."""
-    checks = [check_database(settings), check_redis(settings), *check_llm(settings, http),
+    checks = [check_database(settings), check_redis(settings, redis_for), *check_llm(settings, http),
               *check_search(settings, http), *(check(settings, http) for check in platform_checks)]
     return [check.model_copy(update={"detail": _redact(settings, check.detail)}) for check in checks]
 

@@ -81,12 +81,15 @@ class Supervisor:
     """Starts the children, restarts any that dies (a growing pause between restarts), and stops them all."""
 
     def __init__(self, children: list[Child], *, check_every: float = 1.0, clock: Callable[[], float] = time.monotonic,
-                 on_restart: Callable[[Child, int | None], None] | None = None) -> None:
+                 on_restart: Callable[[Child, int | None], None] | None = None,
+                 pause: Callable[[float], bool] | None = None) -> None:
         self.children = children
         self.check_every = check_every
         self.clock = clock
         self.on_restart = on_restart
         self._stopping = threading.Event()
+        # Waits out a restart pause; True when `stop()` came first.
+        self._pause = pause or self._stopping.wait
         self._thread: threading.Thread | None = None
 
     def start(self) -> "Supervisor":
@@ -108,7 +111,7 @@ class Supervisor:
         died_after = self.clock() - child.started_at
         if died_after >= STABLE_AFTER_SECONDS:
             child.pause = child.first_pause
-        if self._stopping.wait(child.pause):
+        if self._pause(child.pause):
             return False
         code = child.process.returncode
         logger.warning("deepthread %s exited (code %s); starting it again", child.command, code)

@@ -122,8 +122,13 @@ class StatusEditor:
         task = self._wake_sender()
         if wait_seconds > 0:
             waiter = asyncio.create_task(self._attempted.wait())
-            await asyncio.wait((waiter, task), timeout=wait_seconds, return_when=asyncio.FIRST_COMPLETED)
-            waiter.cancel()
+            # The bound runs on the editor's own sleep, so a test's clock can reach it.
+            bound = asyncio.create_task(self._sleep(wait_seconds))
+            try:
+                await asyncio.wait((waiter, task, bound), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                waiter.cancel()
+                bound.cancel()
 
     async def close(self, final_progress: RunProgress) -> None:
         """Send `final_progress` as the last edit, after the interval and a token (waiting at most `final_wait` for one); raises what the send raised."""

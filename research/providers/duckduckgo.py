@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal, Protocol
 
 from research.models import ProviderName, SearchQuery, SearchResult
@@ -58,22 +58,32 @@ class DuckDuckGoProvider:
         search_function: DdgsSearch | None = None,
         timeout_seconds: float = 20.0,
         today: Callable[[], dt.date] = dt.date.today,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self._search_function: DdgsSearch = search_function or ddgs_text_search
         self._timeout_seconds = timeout_seconds
         self._today = today
+        self._sleep = sleep
 
     async def search(self, query: SearchQuery) -> list[SearchResult]:
         """Search through ddgs for `query`; raises SearchProviderError on any failure."""
         time_limit = coarse_time_limit(query.since, self._today()) if query.since is not None else None
-        call = asyncio.to_thread(
+        answer = asyncio.ensure_future(asyncio.to_thread(
             self._search_function, query_with_exclusions(query), max_results=query.max_results, timelimit=time_limit,
-        )
+        ))
+        # The deadline runs on the injected sleep, so a test's clock can reach it.
+        deadline = asyncio.ensure_future(self._sleep(self._timeout_seconds))
         try:
+            await asyncio.wait((answer, deadline), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            deadline.cancel()
+            timed_out = not answer.done()
             # The thread cannot be cancelled; on timeout it finishes in the background and its answer is dropped.
-            items = await asyncio.wait_for(call, timeout=self._timeout_seconds)
-        except TimeoutError as error:
-            raise SearchProviderError(self.name, "timeout", f"no answer in {self._timeout_seconds:g} s") from error
+            answer.cancel()
+        if timed_out:
+            raise SearchProviderError(self.name, "timeout", f"no answer in {self._timeout_seconds:g} s")
+        try:
+            items = answer.result()
         except Exception as error:
             if str(error) == NO_RESULTS_MESSAGE:
                 return []  # ddgs raises rather than return an empty list

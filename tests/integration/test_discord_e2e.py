@@ -188,8 +188,9 @@ def test_research_command_end_to_end(tmp_path: Path, redis_url: str) -> None:
             other_id.append(world.other.id)
             fake.fail_next("PATCH", r"^/channels/\d+/messages/\d+$", status=429, retry_after=1.0)
             interaction = world.command("research", QUESTION)
+            # The fake, like Discord, refuses a callback after its 3 s: a recorded response was in time.
             [deferral, *_] = fake.wait_for(lambda: fake.interaction_responses(interaction))
-            assert deferral.type == 5 and deferral.ephemeral and deferral.after < 3.0
+            assert deferral.type == 5 and deferral.ephemeral
 
             run = world.finished(world.wait_for_runs(1)[0])
             assert run.state == "done", run.error
@@ -285,8 +286,8 @@ def test_the_stop_button_stops_the_run_for_the_requester(tmp_path: Path, redis_u
             fake = world.fake
             run, channel, status_id = world.running_research()
             click = fake.click_button(world.asker, channel, status_id, "deepthread:cancel")
-            [answer, *_] = fake.wait_for(lambda: fake.interaction_responses(click))
-            assert answer.type == 6 and answer.after < 3.0
+            [answer, *_] = fake.wait_for(lambda: fake.interaction_responses(click))  # in time, or the fake refuses it
+            assert answer.type == 6
             stopped = world.cluster.wait_for_state(run.id, {"cancelled", "done", "failed"}, 10)
             assert stopped.state == "cancelled" and stopped.cancelled_by == f"discord:{world.asker.id}"
 

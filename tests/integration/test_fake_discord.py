@@ -180,8 +180,9 @@ async def test_slash_command_runs_with_its_option_defers_ephemerally_and_follows
     assert question == "Why is the sky blue?"
     assert interaction.id == interaction_id and interaction.user.id == alice.id
     assert isinstance(interaction.user, discord.Member) and interaction.guild_id == discord_fake.guild_id
+    # The fake, like Discord, refuses a callback after its 3 s: a recorded response was in time.
     [response] = discord_fake.interaction_responses(interaction_id)
-    assert response.type == 5 and response.flags == 64 and response.after < 3.0
+    assert response.type == 5 and response.flags == 64
     [followup] = await discord_fake.wait_for_async(lambda: discord_fake.followups(interaction_id))
     assert followup.content == "Researching: Why is the sky blue?" and followup.ephemeral
     assert followup.id == discord_fake.interaction(interaction_id).original_message_id

@@ -1,12 +1,17 @@
-"""Leases follow the database's clock, not the worker's: a worker whose clock is an hour slow keeps its run."""
+"""Leases follow the database's clock, not the worker's: a worker whose clock is an hour slow keeps its run.
+
+The skew is made at the database (its clock runs an hour ahead of this machine's), so no module of ours is patched.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
-import sys
+from collections.abc import Iterator
+from typing import Any
 
 import fakeredis
 import pytest
+from sqlalchemy import Engine, event, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from storage.db import database_now, make_engine, make_session_factory
@@ -18,27 +23,60 @@ from worker.queue import Limits, Queue
 pytestmark = pytest.mark.integration
 
 LEASE_SECONDS = 30.0
+DATABASE_AHEAD = dt.timedelta(hours=1)
+SQLITE_NOW_FORMAT = "%Y-%m-%d %H:%M:%f"
+
+
+def sqlite_clock_ahead(engine: Engine) -> None:
+    """SQLite's `strftime(…, 'now')` answers an hour ahead of this machine, as a database server with its own clock."""
+    def strftime_ahead(pattern: str, moment: str) -> str:
+        assert (pattern, moment) == (SQLITE_NOW_FORMAT, "now"), "only the database's current time is skewed"
+        ahead = dt.datetime.now(dt.timezone.utc) + DATABASE_AHEAD
+        return ahead.strftime("%Y-%m-%d %H:%M:%S.") + f"{ahead.microsecond // 1000:03d}"
+
+    event.listen(engine, "connect", lambda connection, record: connection.create_function("strftime", 2, strftime_ahead))
+    engine.dispose()  # connections opened before (by the migration) keep the real clock
+
+
+def postgresql_clock_ahead(engine: Engine) -> None:
+    """PostgreSQL's `now()` answers an hour ahead: a function of that name earlier on the search path."""
+    with engine.begin() as connection:
+        connection.execute(text("CREATE SCHEMA IF NOT EXISTS clock_ahead"))
+        connection.execute(text("CREATE OR REPLACE FUNCTION clock_ahead.now() RETURNS timestamptz LANGUAGE sql STABLE "
+                                "AS $$ SELECT pg_catalog.now() + interval '1 hour' $$"))
+
+    def search_clock_first(connection: Any, record: Any) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("SET search_path = clock_ahead, public, pg_catalog")
+        connection.commit()
+
+    event.listen(engine, "connect", search_clock_first)
+    engine.dispose()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
-def sessions(request: pytest.FixtureRequest, tmp_path) -> sessionmaker[Session]:
-    url = f"sqlite:///{tmp_path}/deepthread.db" if request.param == "sqlite" else request.getfixturevalue("postgres_url")
+def database_url(request: pytest.FixtureRequest, tmp_path) -> str:
+    return f"sqlite:///{tmp_path}/deepthread.db" if request.param == "sqlite" else request.getfixturevalue("postgres_url")
+
+
+def migrated_sessions(url: str, skew_clock: bool) -> Iterator[sessionmaker[Session]]:
     engine = make_engine(url)
     upgrade(url, engine=engine)
+    if skew_clock:
+        (sqlite_clock_ahead if url.startswith("sqlite") else postgresql_clock_ahead)(engine)
     yield make_session_factory(engine)
     engine.dispose()
 
 
-def slow_clock(monkeypatch: pytest.MonkeyPatch, behind: dt.timedelta) -> None:
-    """Every `utcnow` of deepthread's storage and worker code now answers `behind` late, as on a machine with a slow clock."""
-    real = dt.datetime.now
+@pytest.fixture
+def sessions(database_url: str) -> Iterator[sessionmaker[Session]]:
+    yield from migrated_sessions(database_url, skew_clock=False)
 
-    def late() -> dt.datetime:
-        return real(dt.timezone.utc) - behind
 
-    for name, module in list(sys.modules.items()):
-        if name.split(".")[0] in ("storage", "worker") and hasattr(module, "utcnow"):
-            monkeypatch.setattr(module, "utcnow", late)
+@pytest.fixture
+def sessions_an_hour_ahead(database_url: str) -> Iterator[sessionmaker[Session]]:
+    """A database whose clock runs an hour ahead of this machine's: seen from it, this worker's clock is an hour slow."""
+    yield from migrated_sessions(database_url, skew_clock=True)
 
 
 def admitted_run(sessions: sessionmaker[Session]) -> int:
@@ -54,14 +92,14 @@ def admitted_run(sessions: sessionmaker[Session]) -> int:
 
 
 def test_a_worker_with_a_slow_clock_holds_its_lease_by_the_databases_time(
-    sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
-) -> None:
+        sessions_an_hour_ahead: sessionmaker[Session]) -> None:
+    sessions = sessions_an_hour_ahead
     run_id = admitted_run(sessions)
-    with monkeypatch.context() as patched:
-        slow_clock(patched, dt.timedelta(hours=1))
-        attempt = take_lease(sessions, run_id, "slow-worker", LEASE_SECONDS)
-        assert attempt == 1
-        assert renew_lease(sessions, run_id, attempt, "slow-worker", LEASE_SECONDS)
+    with sessions() as session:
+        assert database_now(session) - dt.datetime.now(dt.timezone.utc) > DATABASE_AHEAD - dt.timedelta(minutes=1)
+    attempt = take_lease(sessions, run_id, "slow-worker", LEASE_SECONDS)
+    assert attempt == 1
+    assert renew_lease(sessions, run_id, attempt, "slow-worker", LEASE_SECONDS)
     with sessions() as session:
         lease_until = session.get(Run, run_id).lease_until
         now = database_now(session)

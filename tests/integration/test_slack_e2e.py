@@ -107,9 +107,8 @@ def slow_world(tmp_path: Path, redis_url: str) -> Iterator[SlackWorld]:
 
 def test_research_command_end_to_end(slow_world: SlackWorld) -> None:
     world = slow_world
-    started = time.monotonic()
-    response = world.command("/research", QUESTION)
-    assert response.status_code == 200 and time.monotonic() - started < 3.0
+    response = world.command("/research", QUESTION)  # how fast it is acknowledged is bench/ack.py's measure
+    assert response.status_code == 200
     run = world.wait_for_runs(1)[0]
     run = world.cluster.wait_for_state(run.id, {"done", "failed", "cancelled", "timed_out"}, 60)
     assert run.state == "done", run.error
@@ -169,8 +168,10 @@ def test_cancel_reaction_works_for_the_requester_only(tmp_path: Path, redis_url:
             world.react(run, "x", OTHER)
             world.cluster.wait_for(lambda: world.slack.ephemeral_messages(), 10, "the private refusal")
             assert world.slack.ephemeral_messages()[0]["user"] == OTHER
-            time.sleep(0.5)
-            assert world.cluster.run(run.id).state == "running"
+            # The refusal is sent after the core decided; a cancel would already be in the row and in Redis.
+            refused = world.cluster.run(run.id)
+            assert (refused.state, refused.cancelled_by) == ("running", None)
+            assert world.cluster.redis.get(f"deepthread:cancel:{run.id}") is None
             world.react(run, "x", ASKER)
             stopped = world.cluster.wait_for_state(run.id, {"cancelled", "done", "failed"}, 10)
             assert stopped.state == "cancelled" and stopped.cancelled_by == f"slack:{ASKER}"
@@ -187,9 +188,12 @@ def test_forged_stale_and_retried_deliveries(world: SlackWorld) -> None:
                                                           user=ASKER, channel=CHANNEL))
     assert world.sender.send(mention).status_code == 200
     assert world.sender.send(mention, retry_num=1).status_code == 200
-    time.sleep(1.0)
-    runs = world.runs()
-    assert len(runs) == 1 and runs[0].question == QUESTION
+    # A later mention, on the same path, becoming a run shows that everything sent before it was processed.
+    later = world.sender.event(world.sender.app_mention(f"<@{world.sender.bot_user_id}> research: a later question",
+                                                        user=OTHER, channel=CHANNEL))
+    assert world.sender.send(later).status_code == 200
+    world.cluster.wait_for(lambda: any(run.question == "a later question" for run in world.runs()), 20, "the later run")
+    assert sorted(run.question for run in world.runs()) == sorted([QUESTION, "a later question"])
 
 
 def test_a_report_containing_channel_and_here_pings_nobody(tmp_path: Path, redis_url: str) -> None:

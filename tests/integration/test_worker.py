@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -9,11 +10,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from storage.models import Citation, Event, Passage, Source
+from storage.models import Citation, Event, Passage, Run, Source
 from tests.fakes.corpus import QUESTION, Corpus
 from tests.fakes.llm import FakeReply
 from tests.fakes.slack_api import FakeSlack
 from tests.integration.workers import Cluster
+from worker.leases import DELIVERY_GRACE_SECONDS
 
 pytestmark = pytest.mark.integration
 
@@ -110,20 +112,19 @@ def test_cancel_flag_mid_fetch_stops_the_run_and_says_who(tmp_path: Path, redis_
                     return session.scalars(select(Event).where(Event.run_id == run_id, Event.phase == "fetch")).first() is not None
 
             cluster.wait_for(fetching, 60, "the fetch phase")
-            import time
-
-            cancelled_at = time.monotonic()
             cluster.queue().cancel(run_id, "slack:U0ALICE1")
-            run = cluster.wait_for_state(run_id, {"cancelled", "done", "failed"}, timeout=10)
-            ended_at = time.monotonic()
+            run = cluster.wait_for_state(run_id, {"cancelled", "done", "failed"}, timeout=30)
             cluster.wait_for(lambda: "Stopped" in status_edits(slack, cluster, run_id)[-1].text, 10, "the stopped status")
         finally:
             cluster.stop()
     assert run.state == "cancelled"
-    assert ended_at - cancelled_at < 2.0
     assert run.cancelled_by == "slack:U0ALICE1"
     with cluster.sessions() as session:
         assert session.scalars(select(Source).where(Source.run_id == run_id)).all()
+        events = session.scalars(select(Event).where(Event.run_id == run_id).order_by(Event.seq)).all()
+    # The pages take 8 s: the cancel stopped the fetch in flight, it did not wait for the phase to end.
+    assert not [event for event in events if event.type == "phase_done" and event.phase == "fetch"]
+    assert events[-1].type == "aborted"
     assert "<@U0ALICE1>" in status_edits(slack, cluster, run_id)[-1].text
 
 
@@ -149,6 +150,34 @@ def test_a_run_survives_its_worker_being_killed_and_reports_once(tmp_path: Path,
     assert [event.type for event in events].count("complete") == 1
 
 
+def test_a_worker_killed_after_posting_the_report_leaves_one_report_once_another_worker_delivers(
+        tmp_path: Path, redis_url: str, slack: FakeSlack) -> None:
+    with Corpus(llm_latency=0.2) as corpus:
+        cluster = make_cluster(tmp_path, redis_url, corpus, slack, worker_lease_seconds="3")
+        try:
+            cluster.start_worker("a")
+            run_id, _ = cluster.start_run(QUESTION, user="U0ALICE1")
+            status = cluster.run(run_id).status_message
+            # The final status edit comes after the report is posted: the worker is killed while Slack holds it.
+            final_edit = slack.hold_next("chat.update", lambda params: params.get("ts") == status["message_id"]
+                                         and "⏳" not in str(params.get("text")) and reports_in_thread(slack, cluster, run_id))
+            assert final_edit.arrived.wait(90), cluster.log("a")
+            assert len(reports_in_thread(slack, cluster, run_id)) == 1
+            cluster.kill("a")
+            final_edit.release.set()
+            with cluster.sessions.begin() as session:
+                run = session.get(Run, run_id)
+                assert run.state == "done" and run.delivered_at is None
+                # As if the delivery grace had passed, instead of waiting for it.
+                run.finished_at -= dt.timedelta(seconds=DELIVERY_GRACE_SECONDS + 1)
+            cluster.start_worker("b")
+            cluster.wait_for(lambda: cluster.run(run_id).delivered_at is not None, 60, "the delivery by worker b")
+        finally:
+            cluster.stop()
+    assert len(reports_in_thread(slack, cluster, run_id)) == 1
+    assert "⏳" not in status_edits(slack, cluster, run_id)[-1].text
+
+
 def test_a_users_second_run_waits_with_its_position_and_starts_when_the_first_ends(
         tmp_path: Path, redis_url: str, slack: FakeSlack) -> None:
     with Corpus(llm_latency=1.0, page_latency=1.0) as corpus:
@@ -159,7 +188,7 @@ def test_a_users_second_run_waits_with_its_position_and_starts_when_the_first_en
             second, second_position = cluster.start_run(f"{QUESTION} again", user="U0ALICE1")
             assert first_position is None and second_position == 1
             status = cluster.run(second).status_message
-            assert "1" in slack.message(status["channel"], status["message_id"]).visible_text
+            assert "position 1 in the queue" in slack.message(status["channel"], status["message_id"]).visible_text
             cluster.wait_for_state(first, {"running"}, timeout=30)
             assert cluster.run(second).state == "queued"
             assert cluster.wait_for_state(first, {"done"}, timeout=60)

@@ -27,7 +27,7 @@ from storage.models import Conversation, Run
 from storage.redis import connect
 from tests.fakes.corpus import Corpus
 from tests.fakes.slack_api import FakeSlack
-from worker.queue import Limits, Queue
+from worker.queue import Limits, Queue, SendTask, celery_sender
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,6 +48,7 @@ class Cluster:
         self.workdir = workdir
         self.slack = slack
         self.workers: dict[str, subprocess.Popen[bytes]] = {}
+        self._send_task: SendTask | None = None
         engine = make_engine(database_url)
         upgrade(database_url, engine=engine)
         self.sessions: sessionmaker[Session] = make_session_factory(engine)
@@ -81,11 +82,11 @@ class Cluster:
         return (self.workdir / f"{name}.log").read_text(errors="replace")
 
     def queue(self) -> Queue:
-        from worker.tasks import configure, send_task
-
-        configure(self.settings)
+        # A sender of its own, as the bot has: the worker module's app keeps the broker of the first test that used it.
+        if self._send_task is None:
+            self._send_task = celery_sender(self.settings)
         return Queue(self.sessions, self.redis, Limits(self.settings.max_runs_per_user, self.settings.max_runs_per_workspace),
-                     send_task)
+                     self._send_task)
 
     def start_run(self, question: str, *, user: str = "U1", workspace: str = "T1", channel: str = "C1",
                   mode: str = "research", options: dict[str, Any] | None = None) -> tuple[int, int | None]:

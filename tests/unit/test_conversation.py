@@ -155,11 +155,27 @@ def test_a_reply_in_a_thread_the_bot_does_not_own_is_ignored(world: World) -> No
 
 # -- follow-ups ------------------------------------------------------------------------------------
 
+REPORT_TEXT = "Salt comes from rivers [1]."
+
+
 def finished_research(world: World) -> tuple[int, str]:
     outcome = research(world)
     source = ReportSource(number=1, source_id="s1", title="Salinity", url="https://sea.example/")
-    world.finish(outcome.run_id, report=Report(title="t", body_markdown="Salt comes from rivers [1].", sources=[source]))
+    world.finish(outcome.run_id, report=Report(title="t", body_markdown=REPORT_TEXT, sources=[source]))
+    # The worker stores what the bot said in the thread when a run finishes.
+    with world.sessions.begin() as session:
+        run = session.get(Run, outcome.run_id)
+        session.add(Message(conversation_id=run.conversation_id, role="assistant", author="deepthread",
+                            text=REPORT_TEXT, mode="research"))
     return outcome.run_id, outcome.thread
+
+
+def thread_messages(world: World, run_id: int) -> list[tuple[str, str]]:
+    """The run's conversation as the worker reads it for context: (role, text), oldest first."""
+    with world.sessions() as session:
+        conversation_id = session.get(Run, run_id).conversation_id
+        return [(message.role, message.text) for message in session.scalars(
+            select(Message).where(Message.conversation_id == conversation_id).order_by(Message.id))]
 
 
 def test_a_question_after_a_report_is_answered_from_that_runs_passages(world: World) -> None:
@@ -177,6 +193,9 @@ def test_dig_deeper_starts_new_research_with_the_thread_as_context(world: World,
     run = world.run(outcome.run_id)
     assert run.mode == "research" and run.conversation_id == world.run(run_id).conversation_id
     assert run.question in ("Why is the sea salty?", "into river input", "river input to oceans")
+    context = thread_messages(world, run.id)
+    assert context[:2] == [("user", "Why is the sea salty?"), ("assistant", REPORT_TEXT)]
+    assert context[-1][0] == "user" and run.question in context[-1][1]
 
 
 def plan_thread(world: World) -> tuple[int, str]:
@@ -264,7 +283,11 @@ def test_replying_cancel_stops_the_running_run(world: World) -> None:
 
 def test_other_reactions_do_nothing(world: World) -> None:
     outcome = research(world)
-    assert world.handle(kind="reaction", reaction="tada", message_id=world.status_id(outcome.run_id)).replies == []
+    result = world.handle(kind="reaction", reaction="tada", message_id=world.status_id(outcome.run_id))
+    assert result.replies == [] and result.cancelled_run_id is None and result.run_id is None
+    run = world.run(outcome.run_id)
+    assert (run.state, run.cancelled_by) == ("queued", None)
+    assert world.queue.redis.get(f"deepthread:cancel:{run.id}") is None
 
 
 # -- queue position and export -------------------------------------------------------------------

@@ -6,7 +6,6 @@ import fakeredis
 import httpx
 import pytest
 
-import bot.doctor as doctor
 from bot.cli import platform_bundles
 from bot.doctor import format_checks, run_checks
 from config import load_settings
@@ -34,19 +33,14 @@ def fake_services(request: httpx.Request) -> httpx.Response:
     return httpx.Response(404, text=f"no route; you sent {echoed}")
 
 
-@pytest.fixture(autouse=True)
-def fake_redis(monkeypatch: pytest.MonkeyPatch) -> None:
-    server = fakeredis.FakeServer()
-    monkeypatch.setattr(doctor, "connect", lambda url: fakeredis.FakeRedis(server=server))
-    monkeypatch.setattr(doctor, "resolve_redis_url", lambda url, data_dir: url or "redis://embedded")
-
-
 def checks_with(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], handler=fake_services):
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("DATABASE_URL", "sqlite://")
+    redis_server = fakeredis.FakeServer()
     with httpx.Client(transport=httpx.MockTransport(handler)) as http:
-        return run_checks(load_settings(), http, [bundle.doctor for bundle in platform_bundles() if bundle.doctor])
+        return run_checks(load_settings(), http, [bundle.doctor for bundle in platform_bundles() if bundle.doctor],
+                          redis_for=lambda settings: fakeredis.FakeRedis(server=redis_server))
 
 
 def test_secrets_never_appear_in_the_doctor_output(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -110,6 +104,7 @@ def test_doctor_command_exits_non_zero_when_required_part_is_missing(monkeypatch
     from bot.cli import app
 
     monkeypatch.setenv("DATABASE_URL", "sqlite://")
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:9/0")  # refused at once: no embedded server is started
     monkeypatch.setenv("LLM_BASE_URL", "http://127.0.0.1:9/v1")
     monkeypatch.setenv("LLM_API_KEY", "sk-do-not-print")
     result = CliRunner().invoke(app, ["doctor"])

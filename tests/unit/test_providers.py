@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -23,6 +22,7 @@ from research.providers import (
     build_provider,
 )
 from research.providers.base import parse_published, parse_retry_after
+from tests.fakes.clock import FakeClock
 from tests.fakes.search_api import FakeSearchAPI
 
 HTTP_PROVIDERS = ["tavily", "brave", "exa", "searxng"]
@@ -362,18 +362,18 @@ async def test_searxng_results_are_cut_to_the_requested_count(api: FakeSearchAPI
 class RecordingDdgs:
     """A stand-in for `DDGS().text` that records its calls and the thread it ran on."""
 
-    def __init__(self, answer: Any = None, error: Exception | None = None, delay: float = 0.0) -> None:
+    def __init__(self, answer: Any = None, error: Exception | None = None, held_until: threading.Event | None = None) -> None:
         self.answer = answer if answer is not None else []
         self.error = error
-        self.delay = delay
+        self.held_until = held_until
         self.calls: list[dict[str, Any]] = []
         self.threads: list[int] = []
 
     def __call__(self, query: str, *, max_results: int, timelimit: str | None) -> Any:
         self.calls.append({"query": query, "max_results": max_results, "timelimit": timelimit})
         self.threads.append(threading.get_ident())
-        if self.delay:
-            time.sleep(self.delay)
+        if self.held_until is not None:
+            self.held_until.wait(30)
         if self.error is not None:
             raise self.error
         return self.answer
@@ -411,8 +411,15 @@ async def test_duckduckgo_errors_map_to_provider_errors(error: Exception, kind: 
 
 
 async def test_duckduckgo_that_does_not_answer_in_time_is_a_timeout() -> None:
-    provider = DuckDuckGoProvider(search_function=RecordingDdgs(delay=0.15), timeout_seconds=0.02)
-    assert (await failure_of(provider)).kind == "timeout"
+    clock = FakeClock()
+    released = threading.Event()
+    provider = DuckDuckGoProvider(search_function=RecordingDdgs(held_until=released), timeout_seconds=20.0, sleep=clock.sleep)
+    try:
+        error = await failure_of(provider)
+    finally:
+        released.set()
+    assert (error.kind, error.detail) == ("timeout", "no answer in 20 s")
+    assert clock.sleeps == [20.0]
 
 
 async def test_duckduckgo_non_list_answer_is_malformed() -> None:

@@ -70,10 +70,14 @@ def test_unreachable_robots_disallows_everything_with_the_problem() -> None:
 
 async def test_cache_fetches_each_origin_once_even_for_concurrent_callers() -> None:
     fetched: list[str] = []
+    both_origins_asked = asyncio.Event()
 
     async def fetch_robots(url: str) -> RobotsAnswer:
         fetched.append(url)
-        await asyncio.sleep(0.01)
+        if len(fetched) == 2:
+            both_origins_asked.set()
+        # No answer until two fetches are in flight, so every caller arrives while the first is pending.
+        await both_origins_asked.wait()
         return RobotsAnswer(http_status=200, body=ROBOTS)
 
     cache = RobotsCache(fetch_robots, USER_AGENT)

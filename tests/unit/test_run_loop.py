@@ -59,11 +59,16 @@ def test_a_runs_exception_reaches_its_caller_and_the_loop_goes_on(run_loop: RunL
 
 def test_tasks_a_run_leaves_behind_are_cancelled_when_it_ends_and_only_its_own(run_loop: RunLoop) -> None:
     cancelled: list[str] = []
+    waiting: list[str] = []
+    leftovers_waiting = asyncio.Event()
     other_started = threading.Event()
     release_other = asyncio.Event()
     kept: list[asyncio.Task[None]] = []
 
     async def forever(name: str) -> None:
+        waiting.append(name)
+        if {"child", "grandchild"} <= set(waiting):
+            leftovers_waiting.set()
         try:
             await asyncio.Event().wait()
         except asyncio.CancelledError:
@@ -77,7 +82,7 @@ def test_tasks_a_run_leaves_behind_are_cancelled_when_it_ends_and_only_its_own(r
             await forever("child")
 
         kept.append(asyncio.create_task(spawner()))
-        await asyncio.sleep(0.05)
+        await leftovers_waiting.wait()  # both are running when the run ends, not merely scheduled
 
     async def other_run() -> str:
         task = asyncio.create_task(forever("other run's child"))

@@ -130,9 +130,16 @@ async def eventually(condition: Callable[[], Any], timeout: float = 5.0) -> None
         await asyncio.sleep(0.005)
 
 
-async def settle() -> None:
-    """Give listeners that should do nothing the time to do something wrong."""
-    await asyncio.sleep(0.1)
+# Guards against a hang only; a correct run passes in milliseconds.
+HANG_GUARD_SECONDS = 5.0
+
+
+async def listeners_finished() -> None:
+    """Wait until every listener bolt started in the background has returned, so one that should do nothing is done."""
+    others = {task for task in asyncio.all_tasks() if task is not asyncio.current_task()}
+    if others:
+        _, pending = await asyncio.wait(others, timeout=HANG_GUARD_SECONDS)
+        assert not pending, f"listeners still running: {pending}"
 
 
 # --- events into ChatEvents ------------------------------------------------------------------------
@@ -159,11 +166,17 @@ async def test_plan_and_ask_commands_name_their_command(app: AsyncApp, sender: S
 async def test_command_is_acknowledged_before_the_core_finishes(app: AsyncApp, sender: SlackEventSender,
                                                                 core: RecordingCore) -> None:
     core.release.clear()
-    response = await dispatch(app, sender, sender.command("/research", "slow question", user=USER, channel=CHANNEL))
-    assert response.status == 200
+    acknowledged = asyncio.ensure_future(dispatch(app, sender, sender.command("/research", "slow question", user=USER,
+                                                                              channel=CHANNEL)))
+    try:
+        # The core stays blocked until Slack has its answer: an ack that waited for the core never comes.
+        done, _ = await asyncio.wait({acknowledged}, timeout=HANG_GUARD_SECONDS)
+        assert done, "the command was not acknowledged while the core was still working"
+    finally:
+        core.release.set()
+    assert acknowledged.result().status == 200
     await eventually(lambda: core.events)
-    assert not core.release.is_set()
-    core.release.set()
+    assert core.events[0].text == "slow question"
 
 
 async def test_private_reply_to_a_command_goes_to_its_response_url_as_ephemeral(
@@ -243,7 +256,7 @@ async def test_reply_in_a_channel_thread_becomes_a_message_event(app: AsyncApp, 
 async def test_messages_that_are_not_for_the_bot_are_ignored(app: AsyncApp, sender: SlackEventSender, core: RecordingCore,
                                                              event_of: Callable[[SlackEventSender], dict[str, Any]]) -> None:
     response = await dispatch(app, sender, sender.event(event_of(sender)))
-    await settle()
+    await listeners_finished()
     assert response.status == 200
     assert core.events == []
 
@@ -255,7 +268,7 @@ async def test_the_bots_own_messages_are_ignored(app: AsyncApp, slack: FakeSlack
     own_reaction = sender.reaction_added("x", user=BOT, channel=CHANNEL, message_ts="1.000001", item_user=BOT)
     for event in (own, own_reply, own_reaction):
         assert (await dispatch(app, sender, sender.event(event))).status == 200
-    await settle()
+    await listeners_finished()
     assert core.events == []
 
 
@@ -308,7 +321,7 @@ async def test_a_retried_event_delivery_is_handled_once(app: AsyncApp, sender: S
     request = sender.event(sender.message("hello", user=USER, channel="D0DIRECT", channel_type="im"))
     first = await dispatch(app, sender, request)
     retry = await dispatch(app, sender, request, retry_num=1)
-    await settle()
+    await listeners_finished()
     assert (first.status, retry.status) == (200, 200)
     assert len(core.events) == 1
 
@@ -337,7 +350,7 @@ async def test_command_in_a_private_channel_the_bot_is_not_in_asks_privately_to_
     caught = [caught for caught in catcher.responses() if "/invite" in caught.payload.get("text", "")][-1]
     assert caught.payload["response_type"] == "ephemeral"
     assert f"/invite <@{BOT}>" in caught.payload["text"]
-    await settle()
+    await listeners_finished()
     assert core.events == []
     assert "G0SECRET" not in slack.joined_channels()
 

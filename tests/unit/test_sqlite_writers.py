@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -30,6 +31,12 @@ def test_connections_to_a_file_share_one_writer_lock_and_memory_databases_take_n
         assert memory.connection.dbapi_connection._writer_lock is None
 
 
+def waiting_for_the_writer_lock(thread: threading.Thread) -> bool:
+    """Whether `thread` is inside the connection's lock-taking step, where it blocks while another writer holds the lock."""
+    frame = sys._current_frames().get(thread.ident)
+    return frame is not None and frame.f_code.co_name == "_statement"
+
+
 def test_a_second_writer_waits_for_the_first_to_commit_then_goes_at_once(engine) -> None:
     first_wrote = threading.Event()
     events: list[str] = []
@@ -38,7 +45,11 @@ def test_a_second_writer_waits_for_the_first_to_commit_then_goes_at_once(engine)
         with engine.begin() as connection:
             connection.execute(insert(rows).values(who="slow"))
             first_wrote.set()
-            time.sleep(0.3)  # holds the write transaction
+            # Hold the write transaction until the second writer is waiting for the lock.
+            deadline = time.monotonic() + 10
+            while not waiting_for_the_writer_lock(threads[1]):
+                assert time.monotonic() < deadline, "the second writer never waited for the lock"
+                time.sleep(0.001)
             events.append("slow commits")
 
     def second_writer() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+from collections.abc import Awaitable
 
 import pytest
 
@@ -35,6 +36,8 @@ class VirtualClock:
         await settle()
         while self._sleepers and self._sleepers[0][0] <= target:
             due, _, wake = heapq.heappop(self._sleepers)
+            if wake.done():  # its sleeper was cancelled
+                continue
             self.now = max(self.now, due)
             wake.set_result(None)
             await settle()
@@ -46,6 +49,17 @@ async def settle() -> None:
     """Let every ready task run until it waits on something."""
     for _ in range(30):
         await asyncio.sleep(0)
+
+
+async def returns_without_time_passing(call: Awaitable[None]) -> bool:
+    """Whether `call` is done once the loop has settled, while the virtual clock stands still."""
+    running = asyncio.ensure_future(call)
+    await settle()
+    if not running.done():
+        running.cancel()
+        return False
+    running.result()
+    return True
 
 
 class RecordingSender:
@@ -197,22 +211,28 @@ async def test_update_returns_at_once_while_a_send_is_stuck(clock: VirtualClock)
     await editor.update(started())
     await settle()
     for count in range(100):
-        await asyncio.wait_for(editor.update(with_count(started(), count)), timeout=0.5)
+        assert await returns_without_time_passing(editor.update(with_count(started(), count)))
     assert clock.now == 0.0
     release.set()
     await editor.stop()
 
 
 async def test_an_update_told_to_wait_returns_once_its_edit_has_gone_out(clock: VirtualClock) -> None:
+    reply = asyncio.Event()
     sent = asyncio.Event()
 
     async def send(progress: RunProgress) -> None:
-        await asyncio.sleep(0.05)  # a real round trip, in real time
+        await reply.wait()  # the platform's round trip
         sent.set()
 
     editor = StatusEditor(send, bucket=ample_bucket(clock), workspace="T1", clock=clock, sleep=clock.sleep)
-    await editor.update(started(), wait_seconds=5.0)
-    assert sent.is_set()
+    updating = asyncio.create_task(editor.update(started(), wait_seconds=5.0))
+    await settle()
+    assert not updating.done()
+    reply.set()
+    await settle()
+    assert updating.done() and sent.is_set()
+    assert clock.now == 0.0
     await editor.stop()
 
 
@@ -223,10 +243,11 @@ async def test_an_update_told_to_wait_gives_up_after_its_bound_when_the_send_is_
         await release.wait()
 
     editor = StatusEditor(stuck_send, bucket=ample_bucket(clock), workspace="T1", clock=clock, sleep=clock.sleep)
-    loop = asyncio.get_running_loop()
-    began = loop.time()
-    await editor.update(started(), wait_seconds=0.2)
-    assert 0.15 <= loop.time() - began < 5.0  # returned at its bound, though the edit never finished
+    updating = asyncio.create_task(editor.update(started(), wait_seconds=0.2))
+    await clock.advance(0.19)
+    assert not updating.done()
+    await clock.advance(0.01)
+    assert updating.done(), "the update did not return at its bound while the edit was stuck"
     release.set()
     await editor.stop()
 
@@ -237,7 +258,7 @@ async def test_an_update_told_to_wait_returns_when_the_budget_refuses_the_edit(c
     for _ in range(4):
         assert await empty.take("T1", priority=True)
     editor = StatusEditor(sender, bucket=empty, workspace="T1", clock=clock, sleep=clock.sleep)
-    await asyncio.wait_for(editor.update(started(), wait_seconds=5.0), timeout=1.0)
+    assert await returns_without_time_passing(editor.update(started(), wait_seconds=5.0))
     assert sender.edits == []
     await editor.stop()
 

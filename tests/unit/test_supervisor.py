@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from bot.supervisor import Child, Supervisor
+from bot.supervisor import STABLE_AFTER_SECONDS, Child, Supervisor
 
 
 def python(code: str) -> list[str]:
@@ -31,17 +31,43 @@ def alive(pid: int) -> bool:
 
 
 def test_a_child_that_dies_is_started_again_with_a_growing_pause(tmp_path: Path) -> None:
-    child = Child("worker", log_path=tmp_path / "worker.log", argv=python("print('started', flush=True)"), pause=0.01, first_pause=0.01)
-    supervisor = Supervisor([child], check_every=3600)  # the test drives the checks itself
+    pauses: list[float] = []
+
+    def record_pause(seconds: float) -> bool:
+        pauses.append(seconds)
+        return False  # not stopped meanwhile
+
+    child = Child("worker", log_path=tmp_path / "worker.log", argv=python("print('started', flush=True)"))
+    supervisor = Supervisor([child], check_every=3600, pause=record_pause)  # the test drives the checks itself
     child.start()
     child.process.wait()
     assert supervisor.restart_if_dead(child)
     child.process.wait()
     assert supervisor.restart_if_dead(child)
-    assert child.restarts == 2 and child.pause == 0.04
+    assert child.restarts == 2 and pauses == [1.0, 2.0] and child.pause == 4.0
     child.process.wait()
     assert (tmp_path / "worker.log").read_text().count("started") == 3, "every run appends to the same log"
     supervisor.stop()
+
+
+def test_a_child_that_ran_a_long_time_before_dying_restarts_after_the_first_pause_again() -> None:
+    pauses: list[float] = []
+    child = Child("worker", argv=python("pass"), pause=8.0)
+    supervisor = Supervisor([child], check_every=3600, clock=lambda: child.started_at + STABLE_AFTER_SECONDS,
+                            pause=lambda seconds: bool(pauses.append(seconds)))
+    child.start()
+    child.process.wait()
+    assert supervisor.restart_if_dead(child)
+    assert pauses == [child.first_pause]
+    supervisor.stop()
+
+
+def test_a_stop_during_the_restart_pause_starts_nothing() -> None:
+    child = Child("worker", argv=python("pass"))
+    supervisor = Supervisor([child], check_every=3600, pause=lambda seconds: True)
+    child.start()
+    child.process.wait()
+    assert not supervisor.restart_if_dead(child) and child.restarts == 0
 
 
 def test_a_child_that_keeps_running_is_left_alone() -> None:
