@@ -31,7 +31,7 @@ from typing import Any, Literal, TypeVar
 
 Result = TypeVar("Result")
 
-# Each worker process is replaced after this many tasks, so a leak in a parser cannot grow forever.
+# The processes are replaced after about this many tasks each, so a leak in a parser cannot grow forever.
 TASKS_PER_WORKER = 500
 DEFAULT_TASK_TIMEOUT_SECONDS = 20.0
 DEFAULT_MEMORY_LIMIT_BYTES = 1024 * 1024 * 1024
@@ -112,6 +112,7 @@ class _Generation:
     executor: ProcessPoolExecutor
     start_table: _StartTable
     retired: RetireReason | None = None
+    submitted: int = 0
 
 
 @dataclass
@@ -180,7 +181,6 @@ class SupervisedPool(Executor):
         executor = ProcessPoolExecutor(
             max_workers=self.max_workers,
             mp_context=self._context,
-            max_tasks_per_child=self.tasks_per_worker,
             initializer=_prepare_child,
             initargs=(start_table, self.memory_limit_bytes),
         )
@@ -194,18 +194,27 @@ class SupervisedPool(Executor):
                 generation = self._generation
                 # Watched before it is submitted, so a task that ends at once is never left watched.
                 self._watched[token] = (generation, call)
+                generation.submitted += 1
+                # Recycled here, not with max_tasks_per_child, which deadlocks on Python 3.11-3.13 (CPython gh-115634).
+                worn_out = generation.submitted >= self.tasks_per_worker * self.max_workers
+                if worn_out and not self._shut_down.is_set():
+                    self._generation = self._new_generation()
             try:
                 running = generation.executor.submit(_run_recording_start, token, call.function, call.args, call.kwargs)
             except BrokenProcessPool:
                 self._unwatch(token)
                 self._retire(generation, "crash")
                 continue
-            except RuntimeError as error:  # the pool was shut down meanwhile
+            except RuntimeError as error:
                 self._unwatch(token)
+                if not self._shut_down.is_set():
+                    continue  # that generation was recycled meanwhile: the next one takes the task
                 call.outcome.set_exception(error)
                 return
             running.add_done_callback(functools.partial(self._settle, call, generation, token))
             call.outcome.add_done_callback(functools.partial(self._forward_cancel, running))
+            if worn_out:
+                generation.executor.shutdown(wait=False)  # its processes exit once the tasks it holds are done
             return
         call.outcome.set_exception(CpuWorkerDied("the process pool broke twice while taking the task"))
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select, update
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, joinedload, sessionmaker
 
 from chat.message import Messenger, MessageRef, MessengerError, Place
 from chat.platform import Outbound
@@ -342,7 +342,7 @@ async def sweep_undelivered(sessions: sessionmaker[Session], *, platforms: Colle
     outcomes: dict[int, DeliveryOutcome] = {}
     for run_id in await asyncio.to_thread(claim_undelivered, sessions, platforms, lease_seconds, now):
         try:
-            delivery = delivery_for(run_id)
+            delivery = await asyncio.to_thread(delivery_for, run_id)
             progress = await asyncio.to_thread(stored_progress, sessions, run_id)
             if delivery is None or progress is None:
                 continue
@@ -364,15 +364,7 @@ async def show_queue_positions(sessions: sessionmaker[Session], waiting: Iterabl
     """
     edited = []
     parts_of: dict[str, Outbound | None] = {}  # one client per platform, not per run
-    for run_id, position in waiting:
-        with sessions() as session:
-            run = session.get(Run, run_id)
-            if run is None or not run.status_message or run.state != "queued" or run.celery_task_id is not None:
-                continue  # admitted or ended since the list was read: its own status is more recent
-            platform, workspace = run.conversation.platform, run.conversation.workspace
-            progress = initial_progress(run_id=run.id, mode=run.mode, question=run.question,
-                                        requested_by=run.requested_by).model_copy(update={"queue_position": position})
-            ref = MessageRef.model_validate(run.status_message)
+    for run_id, platform, workspace, progress, ref in await asyncio.to_thread(_still_waiting, sessions, list(waiting)):
         try:
             if platform not in parts_of:
                 parts_of[platform] = platform_parts(platform)
@@ -385,3 +377,21 @@ async def show_queue_positions(sessions: sessionmaker[Session], waiting: Iterabl
             continue
         edited.append(run_id)
     return edited
+
+
+def _still_waiting(sessions: sessionmaker[Session],
+                   waiting: list[tuple[int, int]]) -> list[tuple[int, str, str, RunProgress, MessageRef]]:
+    """(run id, platform, workspace, progress at its position, status message) of the runs still waiting, read at once."""
+    position_of = dict(waiting)
+    still: list[tuple[int, str, str, RunProgress, MessageRef]] = []
+    with sessions() as session:
+        runs = session.scalars(select(Run).where(Run.id.in_(list(position_of))).options(joinedload(Run.conversation)))
+        for run in runs:
+            if not run.status_message or run.state != "queued" or run.celery_task_id is not None:
+                continue  # admitted or ended since the list was read: its own status is more recent
+            progress = initial_progress(run_id=run.id, mode=run.mode, question=run.question,
+                                        requested_by=run.requested_by).model_copy(
+                                            update={"queue_position": position_of[run.id]})
+            still.append((run.id, run.conversation.platform, run.conversation.workspace, progress,
+                          MessageRef.model_validate(run.status_message)))
+    return sorted(still, key=lambda item: position_of[item[0]])

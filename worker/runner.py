@@ -314,7 +314,8 @@ async def execute(run_id: int, on_state: OnState | None, *, services: RunnerServ
     Raises LookupError when the run does not exist.
     """
     owner = owner or worker_identity()
-    started = _start(services.sessions, run_id, owner, services.lease_seconds)
+    # Off the loop: a write that waits for the database must not hold up the runs sharing it.
+    started = await asyncio.to_thread(_start, services.sessions, run_id, owner, services.lease_seconds)
     if started is None:
         return None
     run, first_seq = started
@@ -328,8 +329,8 @@ async def execute(run_id: int, on_state: OnState | None, *, services: RunnerServ
             return None
         # Whatever broke outside the engine, the run ends in a stored state that says so.
         logger.error("run %s failed outside the engine", run.id, exc_info=True)
-        _mark_failed(services.sessions, run.id, run.attempt, f"Internal error ({type(error).__name__}); the run "
-                                                              "stopped before what it found could be stored.")
+        reason = f"Internal error ({type(error).__name__}); the run stopped before what it found could be stored."
+        await asyncio.to_thread(_mark_failed, services.sessions, run.id, run.attempt, reason)
         raise
 
 
@@ -378,8 +379,11 @@ async def _execute_started(run: Run, first_seq: int, owner: str, on_state: OnSta
     lease_keeper = asyncio.create_task(_keep_lease(services, run.id, run.attempt, owner, cancel))
     try:
         try:
-            report = await asyncio.wait_for(work, timeout=hard_deadline)
+            async with asyncio.timeout(hard_deadline) as deadline:
+                report = await work
         except TimeoutError:
+            if not deadline.expired():  # a timeout of some step inside the run, not the hard deadline
+                raise
             timed_out = True
         finally:
             recorder.stop_batching()

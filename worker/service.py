@@ -68,6 +68,7 @@ class WorkerRuntime:
         self.settings = settings
         self.platforms = {platform.name: platform for platform in platforms}
         self._outbound: dict[str, Outbound | None] = {}
+        self._outbound_lock = threading.Lock()
         self.redis_url = resolve_redis_url(settings.redis_url, settings.data_dir)
         self.redis = connect(self.redis_url)
         self.sessions = make_session_factory(worker_engine(settings))
@@ -101,7 +102,7 @@ class WorkerRuntime:
 
     async def _run(self, run_id: int) -> None:
         try:
-            delivery = self._delivery(run_id)
+            delivery = await asyncio.to_thread(self._delivery, run_id)
         except (LookupError, ValueError) as error:
             # This worker can never run it (no Slack token, say): end it with the reason instead of retrying forever.
             await asyncio.to_thread(fail_unstartable, self.sessions, run_id, f"The worker cannot start this run: {error}")
@@ -137,13 +138,14 @@ class WorkerRuntime:
     def _platform_parts(self, platform: str) -> Outbound | None:
         """The platform's messenger and renderer (None: a platform that shows its runs itself, like the terminal);
         raises LookupError when this worker does not know the platform or it is not configured here."""
-        if platform not in self._outbound:
-            known = self.platforms.get(platform)
-            if known is None:
-                raise LookupError(f"this worker does not deliver to {platform}")
-            # One per process: its HTTP connections and the platform's rate-limit state serve every run.
-            self._outbound[platform] = known.outbound(self.settings)
-        return self._outbound[platform]
+        with self._outbound_lock:  # runs build their delivery in the loop's threads
+            if platform not in self._outbound:
+                known = self.platforms.get(platform)
+                if known is None:
+                    raise LookupError(f"this worker does not deliver to {platform}")
+                # One per process: its HTTP connections and the platform's rate-limit state serve every run.
+                self._outbound[platform] = known.outbound(self.settings)
+            return self._outbound[platform]
 
     def _delivering_platforms(self) -> list[str]:
         """The platforms whose finished runs this worker can deliver."""
@@ -168,8 +170,8 @@ class WorkerRuntime:
     async def refresh_waiting(self, admitted: list[int] | None = None) -> None:
         """Show each waiting run's current place in the queue in its status message (in the workspaces of the
         `admitted` runs only, when given)."""
-        await show_queue_positions(self.sessions, self.queue.waiting_runs(admitted), platform_parts=self._platform_parts,
-                                   bucket=self.edit_bucket)
+        waiting = await asyncio.to_thread(self.queue.waiting_runs, admitted)
+        await show_queue_positions(self.sessions, waiting, platform_parts=self._platform_parts, bucket=self.edit_bucket)
 
     def start_reaper(self) -> None:
         """Resubmit runs whose lease expired and admit waiting runs, every third of a lease."""

@@ -269,3 +269,15 @@ async def test_child_killed_mid_task_fails_that_task_and_the_next_extraction_suc
         assert await _article_is_read(pool)
     finally:
         pool.shutdown(wait=True)
+
+
+def test_a_pool_recycling_its_processes_runs_every_task_of_a_backlog() -> None:
+    # ProcessPoolExecutor's own max_tasks_per_child deadlocks on such a backlog (CPython gh-115634).
+    recycling = SupervisedPool(1, task_timeout_seconds=None, memory_limit_bytes=None, tasks_per_worker=2)
+    try:
+        backlog = [recycling.submit(os.getpid) for _ in range(10)]
+        pids = [future.result(timeout=60) for future in backlog]
+    finally:
+        recycling.shutdown(wait=False, cancel_futures=True)  # a hung pool must fail the test, not hang it
+    assert len(pids) == 10
+    assert len(set(pids)) >= 4  # fresh processes took over every two tasks or so
