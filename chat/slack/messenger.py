@@ -49,11 +49,30 @@ RETRYABLE_ERRORS = frozenset({
 Result = TypeVar("Result")
 
 
+class PooledWebClient(AsyncWebClient):
+    """An AsyncWebClient that keeps its connections open between calls (one aiohttp session per event loop).
+
+    Without a session slack-sdk opens and closes a connection for every call, which a worker
+    editing hundreds of status messages pays for in TLS handshakes and event-loop time.
+    """
+
+    _session_loop: asyncio.AbstractEventLoop | None = None
+
+    async def _request(self, *, http_verb: str, api_url: str, req_args: dict[str, Any]) -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        if self.session is None or self.session.closed or self._session_loop is not loop:
+            # A session belongs to the loop it was made in; a client used from a new loop gets a new one.
+            self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
+            self._session_loop = loop
+        return await super()._request(http_verb=http_verb, api_url=api_url, req_args=req_args)
+
+
 def build_slack_client(token: str, base_url: str = SLACK_API_URL, *, rate_limit_retries: int = RATE_LIMIT_RETRIES,
                        connection_retries: int = CONNECTION_RETRIES,
                        timeout: int = REQUEST_TIMEOUT_SECONDS) -> AsyncWebClient:
-    """An AsyncWebClient for `base_url` that retries 429s (honouring Retry-After) and dropped connections."""
-    return AsyncWebClient(
+    """An AsyncWebClient for `base_url` that retries 429s (honouring Retry-After) and dropped connections, and keeps
+    its connections open between calls."""
+    return PooledWebClient(
         token=token,
         base_url=base_url,
         timeout=timeout,

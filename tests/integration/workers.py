@@ -99,6 +99,8 @@ class Cluster:
                                         Content(text=f"<@{user}> asked: {question}"))
             status = await messenger.post(Place(platform="slack", workspace=workspace, channel=channel,
                                                 thread=root.message_id), Content(text="Queued…"))
+            if messenger.client.session is not None:
+                await messenger.client.session.close()  # its connections belong to this asyncio.run's loop
             return root, status
 
         root, status = asyncio.run(post())
@@ -115,8 +117,14 @@ class Cluster:
             waiting = initial_progress(run_id=run_id, mode=mode, question=question, requested_by=f"slack:{user}")
             content = SlackRenderer().status(waiting.model_copy(update={"queue_position": position}),
                                              now=dt.datetime.now(dt.timezone.utc))
-            asyncio.run(messenger.edit(status, content))
+            asyncio.run(self._edit_once(messenger, status, content))
         return run_id, position
+
+    @staticmethod
+    async def _edit_once(messenger: SlackMessenger, ref: MessageRef, content: Content) -> None:
+        await messenger.edit(ref, content)
+        if messenger.client.session is not None:
+            await messenger.client.session.close()
 
     def run(self, run_id: int) -> Run:
         with self.sessions() as session:
