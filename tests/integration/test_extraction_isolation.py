@@ -7,7 +7,6 @@ import os
 import signal
 import threading
 import time
-import zlib
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
@@ -18,6 +17,7 @@ from research.cpu import CpuTaskError, CpuTaskTimedOut, CpuWorkerDied, Supervise
 from research.extract import extract_document
 from research.models import FetchResult
 from research.phases.read import extract_pages
+from tests.fakes.bombs import flate_pdf
 
 pytestmark = pytest.mark.integration
 
@@ -38,28 +38,7 @@ ARTICLE = (
 
 @cache
 def pdf_bomb(inflated_bytes: int) -> bytes:
-    """A one-page PDF whose FlateDecode content stream inflates to `inflated_bytes` of text operators."""
-    operators = b"BT /F1 12 Tf 72 712 Td (bomb text bomb text) Tj ET\n"
-    chunk = operators * (MIB // len(operators))
-    compressor = zlib.compressobj(9)
-    stream = b"".join(compressor.compress(chunk) for _ in range(inflated_bytes // len(chunk))) + compressor.flush()
-    objects = [
-        b"<< /Type /Catalog /Pages 2 0 R >>",
-        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
-        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R /Resources << /Font << /F1 5 0 R >> >> >>",
-        b"<< /Length %d /Filter /FlateDecode >>\nstream\n" % len(stream) + stream + b"\nendstream",
-        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
-    ]
-    document = bytearray(b"%PDF-1.4\n")
-    offsets = []
-    for number, body in enumerate(objects, start=1):
-        offsets.append(len(document))
-        document += b"%d 0 obj\n" % number + body + b"\nendobj\n"
-    cross_reference = len(document)
-    document += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
-    document += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
-    document += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, cross_reference)
-    return bytes(document)
+    return flate_pdf(inflated_bytes)
 
 
 @cache

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import pickle
 import re
-import zlib
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from research.extract import (
 )
 from research.models import Document, SearchResult
 from research.passages import assign_passage_ids
+from tests.fakes.bombs import PAGE_TEXT, flate_pdf
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 PAGES = DATA / "pages"
@@ -294,29 +294,6 @@ def test_utf8_body_wrongly_declared_as_latin1_is_still_read_as_utf8() -> None:
     assert "Zürich – café" in decode_body(body, "text/html; charset=ISO-8859-1")
 
 
-def _flate_pdf(inflated_bytes: int) -> bytes:
-    """A one-page PDF whose FlateDecode content stream inflates to about `inflated_bytes` of text operators."""
-    operators = b"BT /F1 12 Tf 72 712 Td (Inflated page text) Tj ET\n"
-    stream = zlib.compress(operators * (inflated_bytes // len(operators)), 9)
-    objects = [
-        b"<< /Type /Catalog /Pages 2 0 R >>",
-        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
-        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R /Resources << /Font << /F1 5 0 R >> >> >>",
-        b"<< /Length %d /Filter /FlateDecode >>\nstream\n" % len(stream) + stream + b"\nendstream",
-        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
-    ]
-    document = bytearray(b"%PDF-1.4\n")
-    offsets = []
-    for number, body in enumerate(objects, start=1):
-        offsets.append(len(document))
-        document += b"%d 0 obj\n" % number + body + b"\nendobj\n"
-    cross_reference = len(document)
-    document += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
-    document += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
-    document += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, cross_reference)
-    return bytes(document)
-
-
 def test_markup_past_the_character_cap_is_cut_before_parsing() -> None:
     late_sentence = "This closing paragraph sits far down the page, after a great deal of filler text."
     filler = "<p>" + "Filler words that pad the page out to a good length. " * 40 + "</p>"
@@ -343,9 +320,9 @@ def test_page_with_more_elements_than_the_cap_is_read_without_trafilatura() -> N
 
 
 def test_pdf_page_whose_content_inflates_past_the_cap_is_refused_before_parsing() -> None:
-    body = _flate_pdf(2 * 1024 * 1024)
+    body = flate_pdf(2 * 1024 * 1024)
     assert len(body) < 64 * 1024
     within_cap = extract_document("https://example.org/inflated.pdf", body, "application/pdf", max_pdf_page_content_bytes=4 * 1024 * 1024)
     past_cap = extract_document("https://example.org/inflated.pdf", body, "application/pdf", max_pdf_page_content_bytes=1024 * 1024)
-    assert within_cap is not None and "Inflated page text" in within_cap.text
+    assert within_cap is not None and PAGE_TEXT in within_cap.text
     assert past_cap is None
