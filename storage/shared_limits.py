@@ -1,12 +1,14 @@
 """Limits shared by every worker through Redis: rate limiters, circuit breakers, the status-edit bucket, cancel flags, locks.
 
 Every script reads the Redis server's own clock (`TIME`), so processes on machines whose clocks
-disagree still share one timeline.
+disagree still share one timeline; a limiter, breaker or bucket given a `clock` (tests) passes its
+time to the scripts instead.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Mapping
@@ -17,6 +19,7 @@ import redis.asyncio
 import redis.asyncio.lock
 import redis.lock
 from redis.backoff import ExponentialBackoff
+from redis.driver_info import DriverInfo
 from redis.retry import Retry
 
 from storage.redis import SOCKET_TIMEOUT_SECONDS, client_options
@@ -25,29 +28,34 @@ logger = logging.getLogger(__name__)
 
 BreakerState = Literal["closed", "open", "half_open"]
 Sleep = Callable[[float], Awaitable[None]]
+Clock = Callable[[], float]
 
 MICROSECONDS = 1_000_000
 ONE_DAY_SECONDS = 24 * 60 * 60
 
-# Shared prelude: `now` is the server's time in microseconds; `as_integer` writes numbers without exponent notation.
+# Shared prelude: `now` is ARGV[1] (µs) when given, else the server's time in microseconds; `as_integer` writes
+# numbers without exponent notation.
 _PRELUDE = """
-local server_time = redis.call('TIME')
-local now = tonumber(server_time[1]) * 1000000 + tonumber(server_time[2])
+local now = tonumber(ARGV[1])
+if not now then
+  local server_time = redis.call('TIME')
+  now = tonumber(server_time[1]) * 1000000 + tonumber(server_time[2])
+end
 local function as_integer(value) return string.format('%.0f', value) end
 """
 
-# KEYS[1]: the key's next free slot; ARGV[1]: interval (µs). Returns how long the caller waits for its slot (µs).
+# KEYS[1]: the key's next free slot; ARGV: now, interval (µs). Returns how long the caller waits for its slot (µs).
 _RESERVE_SLOT = _PRELUDE + """
-local interval = tonumber(ARGV[1])
+local interval = tonumber(ARGV[2])
 local slot = math.max(now, tonumber(redis.call('GET', KEYS[1]) or now))
 local following = slot + interval
 redis.call('SET', KEYS[1], as_integer(following), 'PX', math.ceil((following - now) / 1000) + 1000)
 return slot - now
 """
 
-# KEYS[1]: the circuit hash; ARGV[1]: cool-down (µs). Returns 1 when a call may go ahead.
+# KEYS[1]: the circuit hash; ARGV: now, cool-down (µs). Returns 1 when a call may go ahead.
 _BREAKER_ALLOW = _PRELUDE + """
-local cooldown = tonumber(ARGV[1])
+local cooldown = tonumber(ARGV[2])
 local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
 if state == 'closed' then return 1 end
 if state == 'open' then
@@ -63,43 +71,43 @@ redis.call('HSET', KEYS[1], 'probe_at', as_integer(now))
 return 1
 """
 
-# KEYS[1]: the circuit hash; ARGV: failure threshold, time to keep the hash (ms). Returns the state after the failure.
+# KEYS[1]: the circuit hash; ARGV: now, failure threshold, time to keep the hash (ms). Returns the state after the failure.
 _BREAKER_FAILURE = _PRELUDE + """
 local failures = redis.call('HINCRBY', KEYS[1], 'failures', 1)
 local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
-if state == 'half_open' or failures >= tonumber(ARGV[1]) then
+if state == 'half_open' or failures >= tonumber(ARGV[2]) then
   state = 'open'
   redis.call('HSET', KEYS[1], 'state', 'open', 'opened_at', as_integer(now), 'probe_at', '0')
 else
   redis.call('HSET', KEYS[1], 'state', state)
 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return state
 """
 
-# KEYS[1]: the circuit hash; ARGV[1]: cool-down (µs). Returns the state as of now (open past its cool-down reads half-open).
+# KEYS[1]: the circuit hash; ARGV: now, cool-down (µs). Returns the state as of now (open past its cool-down reads half-open).
 _BREAKER_STATE = _PRELUDE + """
 local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
 if state == 'open' then
   local opened_at = tonumber(redis.call('HGET', KEYS[1], 'opened_at') or '0')
-  if now - opened_at >= tonumber(ARGV[1]) then return 'half_open' end
+  if now - opened_at >= tonumber(ARGV[2]) then return 'half_open' end
 end
 return state
 """
 
-# KEYS[1]: the bucket hash; ARGV: capacity, tokens per second, tokens needed, 1 to take one (0 to only ask).
+# KEYS[1]: the bucket hash; ARGV: now, capacity, tokens per second, tokens needed, 1 to take one (0 to only ask).
 # Returns {1 if granted, µs until the tokens needed are there}.
 _BUCKET_TAKE = _PRELUDE + """
-local capacity = tonumber(ARGV[1])
-local rate = tonumber(ARGV[2])
-local needed = tonumber(ARGV[3])
+local capacity = tonumber(ARGV[2])
+local rate = tonumber(ARGV[3])
+local needed = tonumber(ARGV[4])
 local tokens = tonumber(redis.call('HGET', KEYS[1], 'tokens') or capacity)
 local updated = tonumber(redis.call('HGET', KEYS[1], 'updated') or now)
 tokens = math.min(capacity, tokens + math.max(0, now - updated) / 1000000 * rate)
 local granted = 0
 local wait = 0
 if tokens >= needed then
-  if ARGV[4] == '1' then
+  if ARGV[5] == '1' then
     tokens = tokens - 1
     granted = 1
   end
@@ -125,6 +133,13 @@ def connections_for(concurrency: int) -> int:
     return concurrency + 16
 
 
+@functools.cache
+def _driver_info() -> DriverInfo:
+    # Made once: by default every new connection reads redis-py's version from the installed package's metadata
+    # (a directory scan), on the event loop, which a burst of runs opening connections pays hundreds of times.
+    return DriverInfo()
+
+
 def connect_async(redis_url: str, *, max_connections: int = DEFAULT_MAX_CONNECTIONS,
                   socket_timeout: float = SOCKET_TIMEOUT_SECONDS) -> redis.asyncio.Redis:
     """An asyncio client for `redis_url` (redis://, rediss:// or unix://) with at most `max_connections`
@@ -132,7 +147,8 @@ def connect_async(redis_url: str, *, max_connections: int = DEFAULT_MAX_CONNECTI
     busy waits for one (up to POOL_WAIT_SECONDS) instead of failing."""
     pool = redis.asyncio.BlockingConnectionPool.from_url(
         redis_url, decode_responses=False, max_connections=max_connections, timeout=POOL_WAIT_SECONDS,
-        retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 1), **client_options(socket_timeout=socket_timeout))
+        retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 1), driver_info=_driver_info(),
+        **client_options(socket_timeout=socket_timeout))
     return redis.asyncio.Redis.from_pool(pool)
 
 
@@ -165,6 +181,11 @@ class RedisOutage:
 REDIS_OUTAGE = RedisOutage()
 
 
+def script_now(clock: Clock | None) -> str:
+    """The `now` argument of a script: `clock`'s time in microseconds, or empty for the Redis server's own clock."""
+    return "" if clock is None else str(round(clock() * MICROSECONDS))
+
+
 class RedisRateLimiter:
     """A per-key minimum interval between calls, held across every process sharing the Redis server.
 
@@ -180,8 +201,11 @@ class RedisRateLimiter:
         prefix: str = "deepthread:rate:",
         sleep: Sleep = asyncio.sleep,
         outage: RedisOutage = REDIS_OUTAGE,
+        # None: the Redis server's clock, which every worker shares even when the machines' clocks disagree.
+        clock: Clock | None = None,
     ) -> None:
         self._intervals = dict(intervals)
+        self._clock = clock
         self._outage = outage
         self._default_interval = default_interval
         self._prefix = prefix
@@ -198,7 +222,8 @@ class RedisRateLimiter:
         if interval <= 0:
             return
         try:
-            wait_microseconds = await self._reserve_slot(keys=[self._prefix + key], args=[round(interval * MICROSECONDS)])
+            wait_microseconds = await self._reserve_slot(keys=[self._prefix + key],
+                                                         args=[script_now(self._clock), round(interval * MICROSECONDS)])
         except REDIS_ERRORS as error:
             self._outage.failed("rate limiter", error)
             return
@@ -221,10 +246,13 @@ class RedisCircuitBreaker:
         cooldown: float = 60.0,
         prefix: str = "deepthread:breaker:",
         outage: RedisOutage = REDIS_OUTAGE,
+        # None: the Redis server's clock, which every worker shares even when the machines' clocks disagree.
+        clock: Clock | None = None,
     ) -> None:
         if failure_threshold < 1:
             raise ValueError("failure_threshold must be at least 1")
         self._redis = redis_client
+        self._clock = clock
         self._outage = outage
         self._failure_threshold = failure_threshold
         self._cooldown_microseconds = round(cooldown * MICROSECONDS)
@@ -237,13 +265,15 @@ class RedisCircuitBreaker:
 
     async def state(self, key: str) -> BreakerState:
         """The circuit's state for `key` as of now (an open circuit past its cool-down reads half-open; closed while Redis is unreachable)."""
-        state = await self._fail_open("state", self._state(keys=[self._prefix + key], args=[self._cooldown_microseconds]))
+        state = await self._fail_open("state", self._state(keys=[self._prefix + key],
+                                                              args=[script_now(self._clock), self._cooldown_microseconds]))
         return "closed" if state is None else cast(BreakerState, _as_text(state))
 
     async def allow(self, key: str) -> bool:
         """Allow calls while closed, and a single probe (across all processes) once an open circuit has cooled down;
         allow every call while Redis is unreachable."""
-        allowed = await self._fail_open("allow", self._allow(keys=[self._prefix + key], args=[self._cooldown_microseconds]))
+        allowed = await self._fail_open("allow", self._allow(keys=[self._prefix + key],
+                                                              args=[script_now(self._clock), self._cooldown_microseconds]))
         return True if allowed is None else bool(allowed)
 
     async def record_success(self, key: str) -> None:
@@ -253,7 +283,8 @@ class RedisCircuitBreaker:
     async def record_failure(self, key: str) -> None:
         """Count a failure; open the circuit at the threshold, or again at once after a failed probe."""
         await self._fail_open("record_failure", self._failure(keys=[self._prefix + key],
-                                                             args=[self._failure_threshold, self._keep_milliseconds]))
+                                                             args=[script_now(self._clock), self._failure_threshold,
+                                                                   self._keep_milliseconds]))
 
     async def _fail_open(self, what: str, call: Awaitable[object]) -> object | None:
         """The call's answer, or None when Redis could not be reached (noted once per outage)."""
@@ -303,15 +334,19 @@ class EditBucket(EditBucketRules):
         per_seconds: float = 60.0,
         reserve_fraction: float = 0.25,
         prefix: str = "deepthread:edits:",
+        # None: the Redis server's clock, which every worker shares even when the machines' clocks disagree.
+        clock: Clock | None = None,
     ) -> None:
         super().__init__(capacity=capacity, per_seconds=per_seconds, reserve_fraction=reserve_fraction)
         self._prefix = prefix
+        self._clock = clock
         self._take = redis_client.register_script(_BUCKET_TAKE)
 
     async def _call(self, workspace: str, priority: bool, take: bool) -> tuple[bool, float]:
         granted, wait_microseconds = await self._take(
             keys=[self._prefix + workspace],
-            args=[self.capacity, repr(self.tokens_per_second), repr(self._tokens_needed(priority)), "1" if take else "0"],
+            args=[script_now(self._clock), self.capacity, repr(self.tokens_per_second),
+                  repr(self._tokens_needed(priority)), "1" if take else "0"],
         )
         return bool(granted), int(wait_microseconds) / MICROSECONDS
 

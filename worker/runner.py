@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import datetime as dt
 import functools
 import logging
@@ -98,12 +99,15 @@ class RunRecorder:
         self._write_delay = write_delay
         self._sleep = sleep
         self._unwritten: list[dict[str, Any]] = []
+        self._unwritten_lock = threading.Lock()  # the loop adds events while a thread may be writing earlier ones
+        self._write_lock = threading.Lock()  # one write at a time: a later write waits for an earlier failed one's rows
         self._writer: asyncio.Task[None] | None = None
 
     async def __call__(self, event: Any) -> None:
-        self._unwritten.append({"run_id": self.run_id, "seq": event.seq, "type": event.type, "phase": event.phase,
-                                "payload": event.model_dump(mode="json", exclude={"seq", "type", "phase", "at"}),
-                                "at": event.at})
+        row = {"run_id": self.run_id, "seq": event.seq, "type": event.type, "phase": event.phase,
+               "payload": event.model_dump(mode="json", exclude={"seq", "type", "phase", "at"}), "at": event.at}
+        with self._unwritten_lock:
+            self._unwritten.append(row)
         if event.type in TERMINAL_STATE_OF_EVENT:
             self.terminal = event
             try:
@@ -131,23 +135,27 @@ class RunRecorder:
             self._writer = None
 
     def write_unwritten(self) -> None:
-        """`flush` without touching the batching task: safe from another thread once events stopped arriving."""
-        rows, self._unwritten = self._unwritten, []
-        if not rows:
-            return
-        try:
-            with self.sessions.begin() as session:
-                if holds_attempt(session, self.run_id, self.attempt, lock=True):
-                    session.execute(insert(Event), rows)
-        except Exception:
-            self._unwritten = rows + self._unwritten  # kept for the next write
-            raise
+        """`flush` without touching the batching task: safe from any thread."""
+        with self._write_lock:
+            with self._unwritten_lock:
+                rows, self._unwritten = self._unwritten, []
+            if not rows:
+                return
+            try:
+                with self.sessions.begin() as session:
+                    if holds_attempt(session, self.run_id, self.attempt, lock=True):
+                        session.execute(insert(Event), rows)
+            except Exception:
+                with self._unwritten_lock:
+                    self._unwritten = rows + self._unwritten  # kept for the next write
+                raise
 
     async def _write_soon(self) -> None:
         await self._sleep(self._write_delay)
         self._writer = None
         try:
-            self.flush()
+            # In a thread: a write waiting for the database must not hold up every run sharing the event loop.
+            await asyncio.to_thread(self.write_unwritten)
         except Exception:  # the next write, at the latest the final one, tries again
             logger.warning("could not store the events of run %s yet", self.run_id, exc_info=True)
 

@@ -20,6 +20,7 @@ from chat.state import RunProgress, apply_event, initial_progress
 from research.budget import CancelToken
 from research.events import PhaseStarted, Progress
 from storage.shared_limits import (
+    MICROSECONDS,
     EditBucket,
     RedisCircuitBreaker,
     RedisRateLimiter,
@@ -40,6 +41,8 @@ EDIT_PER_SECONDS = 5.0
 EDIT_PROCESSES = 2
 RUNS_PER_PROCESS = 5
 UPDATE_SECONDS = 3.0
+# The time every child's limiter reads in the rate scenario: it stands still, so each wait is the slot given.
+FROZEN_SECONDS = 1_000.0
 
 
 # ---------------------------------------------------------------- the child processes' side
@@ -53,17 +56,24 @@ async def _wait_for_go(client: redis.asyncio.Redis, prefix: str) -> None:
 
 
 async def _child_rate(client: redis.asyncio.Redis, prefix: str, interval: float, calls: int) -> list[float]:
-    limiter = RedisRateLimiter(client, {"brave": interval}, prefix=prefix + "rate:")
+    """The waits this process's limiter asked for (none for a slot that is free at once), on the frozen clock every child shares."""
+    waits: list[float] = []
+
+    async def note_wait(seconds: float) -> None:
+        waits.append(seconds)
+
+    limiter = RedisRateLimiter(client, {"brave": interval}, prefix=prefix + "rate:", sleep=note_wait,
+                               clock=lambda: FROZEN_SECONDS)
     await _wait_for_go(client, prefix)
-    acquired: list[float] = []
     for _ in range(calls):
         await limiter.acquire("brave")
-        acquired.append(time.time())
-    return acquired
+    return waits
 
 
-async def _child_breaker(client: redis.asyncio.Redis, prefix: str, cooldown: float, operations: str) -> list[Any]:
-    breaker = RedisCircuitBreaker(client, failure_threshold=3, cooldown=cooldown, prefix=prefix + "breaker:")
+async def _child_breaker(client: redis.asyncio.Redis, prefix: str, cooldown: float, now: float,
+                         operations: str) -> list[Any]:
+    breaker = RedisCircuitBreaker(client, failure_threshold=3, cooldown=cooldown, prefix=prefix + "breaker:",
+                                  clock=lambda: now)
     results: list[Any] = []
     for operation in operations.split(","):
         if operation == "fail":
@@ -95,21 +105,46 @@ async def _one_run(editor: StatusEditor, run_id: int) -> None:
     await editor.close(progress.model_copy(update={"state": "done", "counts": {"step": -1}}))
 
 
-async def _child_edits(client: redis.asyncio.Redis, prefix: str, first_run_id: int) -> list[dict[str, Any]]:
-    bucket = EditBucket(client, capacity=EDIT_CAPACITY, per_seconds=EDIT_PER_SECONDS, prefix=prefix + "edits:")
-    edits: list[dict[str, Any]] = []
+async def server_seconds(client: redis.asyncio.Redis) -> float:
+    """The Redis server's clock, the one the edit bucket's script reads."""
+    seconds, microseconds = await client.time()
+    return seconds + microseconds / MICROSECONDS
 
-    def sender_for(run_id: int) -> Any:
+
+class BracketedEditBucket(EditBucket):
+    """The shared edit bucket, noting for each token it grants the server's time just before and just after the grant."""
+
+    def __init__(self, client: redis.asyncio.Redis, grants: list[list[float]], **options: Any) -> None:
+        super().__init__(client, **options)
+        self._client = client
+        self._grants = grants
+
+    async def take(self, workspace: str, *, priority: bool = False) -> bool:
+        before = await server_seconds(self._client)
+        granted = await super().take(workspace, priority=priority)
+        if granted:
+            self._grants.append([before, await server_seconds(self._client)])
+        return granted
+
+
+async def _child_edits(client: redis.asyncio.Redis, prefix: str, first_run_id: int) -> list[dict[str, Any]]:
+    """Per run: the edits sent, in order, and the server-time bracket of each token its editor was granted."""
+    runs: list[dict[str, Any]] = [{"run": run_id, "edits": [], "grants": []}
+                                  for run_id in range(first_run_id, first_run_id + RUNS_PER_PROCESS)]
+
+    def sender_for(edits: list[dict[str, Any]]) -> Any:
         async def send(progress: RunProgress) -> None:
-            edits.append({"at": time.time(), "run": run_id, "step": progress.counts.get("step"),
-                          "state": progress.state, "phase": progress.current_phase})
+            edits.append({"step": progress.counts.get("step"), "state": progress.state, "phase": progress.current_phase})
         return send
 
-    run_ids = range(first_run_id, first_run_id + RUNS_PER_PROCESS)
-    editors = [StatusEditor(sender_for(run_id), bucket=bucket, workspace="T1", final_wait=30.0) for run_id in run_ids]
+    # One bucket object per run, all on the one Redis key of the workspace, so each run's grants are its own.
+    editors = [StatusEditor(sender_for(run["edits"]), workspace="T1", final_wait=30.0,
+                            bucket=BracketedEditBucket(client, run["grants"], capacity=EDIT_CAPACITY,
+                                                       per_seconds=EDIT_PER_SECONDS, prefix=prefix + "edits:"))
+               for run in runs]
     await _wait_for_go(client, prefix)
-    await asyncio.gather(*(_one_run(editor, run_id) for editor, run_id in zip(editors, run_ids)))
-    return edits
+    await asyncio.gather(*(_one_run(editor, run["run"]) for editor, run in zip(editors, runs)))
+    return runs
 
 
 async def _child_cancel(client: redis.asyncio.Redis, redis_url: str, prefix: str) -> dict[str, Any]:
@@ -122,7 +157,7 @@ async def _child_cancel(client: redis.asyncio.Redis, redis_url: str, prefix: str
             await asyncio.wait_for(token.wait(), timeout=30)
     finally:
         watcher.stop()
-    return {"seen_at": time.time(), "by": token.cancelled_by}
+    return {"by": token.cancelled_by}
 
 
 async def _child_lock(client: redis.asyncio.Redis, prefix: str, rounds: int) -> list[list[float]]:
@@ -145,7 +180,7 @@ async def _child(role: str, redis_url: str, prefix: str, arguments: list[str]) -
         if role == "rate":
             return await _child_rate(client, prefix, float(arguments[0]), int(arguments[1]))
         if role == "breaker":
-            return await _child_breaker(client, prefix, float(arguments[0]), arguments[1])
+            return await _child_breaker(client, prefix, float(arguments[0]), float(arguments[1]), arguments[2])
         if role == "edits":
             return await _child_edits(client, prefix, int(arguments[0]))
         if role == "cancel":
@@ -204,40 +239,35 @@ def client(redis_url: str) -> redis.Redis:
 
 
 def test_rate_limit_holds_across_two_processes_hammering_one_key(redis_url: str, client: redis.Redis, prefix: str) -> None:
-    interval, calls = 0.2, 6
+    interval, calls = 0.2, 50
     children = [start_child("rate", redis_url, prefix, interval, calls) for _ in range(2)]
     release_when_ready(client, prefix, children)
     per_process = [result_of(child) for child in children]
 
-    acquired = sorted(moment for moments in per_process for moment in moments)
-    spacing = [later - earlier for earlier, later in zip(acquired, acquired[1:])]
-    assert len(acquired) == 2 * calls
-    # Slots are exactly one interval apart; a little slack covers a process waking late from its sleep.
-    assert min(spacing) >= interval - 0.03, spacing
-    assert acquired[-1] - acquired[0] >= (2 * calls - 1) * interval - 0.03
-    # The processes really competed: their slots interleave rather than one running after the other.
-    first_process = set(per_process[0])
-    owners = [moment in first_process for moment in acquired]
-    assert sum(1 for before, after in zip(owners, owners[1:]) if before != after) >= 2
+    # With time standing still, a wait is the caller's slot: across both processes every slot is given out once,
+    # one interval after the other (the first call of all goes at once, without waiting).
+    assert sorted(wait for waits in per_process for wait in waits) == pytest.approx(
+        [slot * interval for slot in range(1, 2 * calls)])
+    assert all(waits == sorted(waits) for waits in per_process)
 
 
 def test_breaker_opened_in_one_process_is_open_in_another_and_allows_one_probe(redis_url: str, prefix: str) -> None:
-    # Long enough for a second child process to start (imports and all) on a loaded machine within it.
-    cooldown = 3.0
-    assert run_child("breaker", redis_url, prefix, cooldown, "fail,fail,fail,state") == ["open"]
-    assert run_child("breaker", redis_url, prefix, cooldown, "allow") == [False]
+    # Every process is handed the moment it acts at, so the cool-down passes without waiting for it.
+    cooldown, opened_at = 60.0, 1_000.0
+    assert run_child("breaker", redis_url, prefix, cooldown, opened_at, "fail,fail,fail,state") == ["open"]
+    assert run_child("breaker", redis_url, prefix, cooldown, opened_at + cooldown - 1, "allow,state") == [False, "open"]
 
     async def probe_here_after_the_cooldown() -> bool:
         here = connect_async(redis_url)
         try:
-            breaker = RedisCircuitBreaker(here, failure_threshold=3, cooldown=cooldown, prefix=prefix + "breaker:")
-            await asyncio.sleep(cooldown + 0.05)
+            breaker = RedisCircuitBreaker(here, failure_threshold=3, cooldown=cooldown, prefix=prefix + "breaker:",
+                                          clock=lambda: opened_at + cooldown)
             return await breaker.allow("brave")
         finally:
             await here.aclose()
 
     assert asyncio.run(probe_here_after_the_cooldown()) is True
-    assert run_child("breaker", redis_url, prefix, cooldown, "allow") == [False]
+    assert run_child("breaker", redis_url, prefix, cooldown, opened_at + cooldown + 1, "allow") == [False]
 
 
 def test_ten_runs_in_one_workspace_across_processes_stay_within_the_edit_budget(
@@ -245,25 +275,29 @@ def test_ten_runs_in_one_workspace_across_processes_stay_within_the_edit_budget(
 ) -> None:
     children = [start_child("edits", redis_url, prefix, index * RUNS_PER_PROCESS) for index in range(EDIT_PROCESSES)]
     release_when_ready(client, prefix, children)
-    edits = [edit for child in children for edit in result_of(child)]
+    runs = [run for child in children for run in result_of(child)]
+    grants = [grant for run in runs for grant in run["grants"]]
 
-    moments = sorted(edit["at"] for edit in edits)
+    # Each grant happened, on the server's clock, within its bracket; so the grants bracketed inside any span
+    # [start, end] can be no more than the bucket holds plus what it refills over that span.
     tokens_per_second = EDIT_CAPACITY / EDIT_PER_SECONDS
-    # Sends follow their token by a few milliseconds at most; 50 ms of slack at either end covers it.
-    for first in range(len(moments)):
-        for last in range(first, len(moments)):
-            allowed = EDIT_CAPACITY + tokens_per_second * (moments[last] - moments[first] + 0.1)
-            assert last - first + 1 <= allowed, (first, last, moments)
+    for start in {before for before, _ in grants}:
+        for end in {after for _, after in grants if after >= start}:
+            inside = sum(1 for before, after in grants if start <= before and after <= end)
+            assert inside <= EDIT_CAPACITY + tokens_per_second * (end - start) + 1e-6, (start, end, sorted(grants))
     # The budget was binding: ten runs wanted about one edit a second each and got far fewer.
-    assert len(edits) < EDIT_PROCESSES * RUNS_PER_PROCESS * (UPDATE_SECONDS + 1)
-    for run_id in range(EDIT_PROCESSES * RUNS_PER_PROCESS):
-        of_run = sorted((edit for edit in edits if edit["run"] == run_id), key=lambda edit: edit["at"])
-        assert all(later["at"] - earlier["at"] >= 0.9 for earlier, later in zip(of_run, of_run[1:]))
-        assert of_run[-1]["state"] == "done" and of_run[-1]["step"] == -1
-        assert [edit["state"] for edit in of_run].count("done") == 1
+    assert len(grants) < EDIT_PROCESSES * RUNS_PER_PROCESS * (UPDATE_SECONDS + 1)
+    assert sorted(run["run"] for run in runs) == list(range(EDIT_PROCESSES * RUNS_PER_PROCESS))
+    for run in runs:
+        # Every edit went out on a token of its own, the final one included.
+        assert len(run["edits"]) == len(run["grants"])
+        # A run's editor asks again only its interval (1 s, on its monotonic clock) after its last answer.
+        assert all(later[0] - earlier[1] >= 0.99 for earlier, later in zip(run["grants"], run["grants"][1:]))
+        assert run["edits"][-1]["state"] == "done" and run["edits"][-1]["step"] == -1
+        assert [edit["state"] for edit in run["edits"]].count("done") == 1
 
 
-def test_cancel_flag_set_in_one_process_is_seen_by_another_within_a_second(
+def test_cancel_flag_set_in_one_process_is_seen_by_another(
     redis_url: str, client: redis.Redis, prefix: str
 ) -> None:
     child = start_child("cancel", redis_url, prefix)
@@ -273,11 +307,8 @@ def test_cancel_flag_set_in_one_process_is_seen_by_another_within_a_second(
         assert time.monotonic() < deadline
         time.sleep(0.01)
 
-    set_at = time.time()
     client.set(prefix + "cancel:7", "slack:U1", ex=60)
-    seen = result_of(child)
-    assert seen["by"] == "slack:U1"
-    assert seen["seen_at"] - set_at < 1.0
+    assert result_of(child) == {"by": "slack:U1"}
 
 
 def test_lock_serialises_a_read_modify_write_across_processes(redis_url: str, client: redis.Redis, prefix: str) -> None:
@@ -290,18 +321,21 @@ def test_lock_serialises_a_read_modify_write_across_processes(redis_url: str, cl
     assert all(later[0] >= earlier[1] for earlier, later in zip(held, held[1:]))
 
 
-def test_scripts_run_on_the_real_server(redis_url: str, prefix: str) -> None:
-    async def exercise() -> tuple[bool, bool, float]:
+def test_scripts_run_on_the_real_server_on_its_own_clock(redis_url: str, prefix: str) -> None:
+    async def exercise() -> tuple[bool, bool, float, float]:
         here = connect_async(redis_url)
         try:
             bucket = EditBucket(here, capacity=1, per_seconds=60.0, reserve_fraction=0.0, prefix=prefix)
-            return await bucket.take("T1"), await bucket.take("T1"), await bucket.wait_time("T1")
+            started = await server_seconds(here)
+            first, second, wait = await bucket.take("T1"), await bucket.take("T1"), await bucket.wait_time("T1")
+            return first, second, wait, await server_seconds(here) - started
         finally:
             await here.aclose()
 
-    first, second, wait = asyncio.run(exercise())
+    first, second, wait, elapsed = asyncio.run(exercise())
     assert (first, second) == (True, False)
-    assert 55 < wait <= 60
+    # The token comes back 60 s after it was taken, less what passed (on the server's clock) before the question.
+    assert 60 - elapsed <= wait <= 60
 
 
 def test_more_calls_at_once_than_pooled_connections_wait_for_one_instead_of_failing(redis_url: str, prefix: str) -> None:

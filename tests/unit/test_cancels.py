@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 
 import fakeredis
 import pytest
@@ -20,43 +21,74 @@ from storage.shared_limits import CANCEL_FLAG, read_cancel_flags, set_cancel_fla
 from worker.queue import Limits, Queue
 
 
-def run_in_own_loop(watcher: CancelWatcher, run_id: int, seen: dict[int, str | None], ready: threading.Event) -> None:
-    """What a worker thread does: its own event loop, its token watched while the run executes."""
+# Only a hang guard: every wait below ends on an event long before it on any machine.
+HANG_GUARD_SECONDS = 20.0
 
-    async def execute() -> None:
-        with watcher.watching(run_id, CancelToken()) as token:
-            ready.set()
-            try:
-                await asyncio.wait_for(token.wait(), timeout=1.0)
-            except TimeoutError:
-                pass
-            seen[run_id] = token.cancelled_by
 
-    asyncio.run(execute())
+class RunInItsOwnLoop:
+    """What a worker thread does: its own event loop, its token watched while the run executes, until cancelled or ended."""
+
+    def __init__(self, watcher: CancelWatcher, run_id: int, *, on_finish: Callable[[], None] = lambda: None) -> None:
+        self.cancelled_by: str | None = None
+        self.watching = threading.Event()
+        self._watcher = watcher
+        self._run_id = run_id
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ended: asyncio.Event | None = None
+        self._on_finish = on_finish
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._execute()), daemon=True)
+        self._thread.start()
+
+    async def _execute(self) -> None:
+        self._loop, self._ended = asyncio.get_running_loop(), asyncio.Event()
+        with self._watcher.watching(self._run_id, CancelToken()) as token:
+            self.watching.set()
+            waits = [asyncio.create_task(token.wait()), asyncio.create_task(self._ended.wait())]
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for wait in waits:
+                wait.cancel()
+            self.cancelled_by = token.cancelled_by
+        self._on_finish()
+
+    def end(self) -> None:
+        """Let the run finish, after every callback its loop was already handed (a cancel included)."""
+        assert self._loop is not None and self._ended is not None
+        try:
+            self._loop.call_soon_threadsafe(self._ended.set)
+        except RuntimeError:  # its loop has closed: the run already finished
+            pass
+
+    def finished(self) -> bool:
+        self._thread.join(HANG_GUARD_SECONDS)
+        return not self._thread.is_alive()
 
 
 def test_each_flagged_run_is_cancelled_in_its_own_loop_and_only_it() -> None:
     client = fakeredis.FakeRedis()
     reads: list[list[int]] = []
+    cancel_arrived = threading.Event()
+    # The poll that delivered the cancel is over (a later poll started), or a run it had to spare ended.
+    settled = threading.Event()
 
     def flags(run_ids: list[int]) -> dict[int, str]:
+        if cancel_arrived.is_set():
+            settled.set()
         reads.append(run_ids)
         return redis_flags(client)(run_ids)
 
-    watcher = CancelWatcher(flags, rows=lambda run_ids: {}, interval=0.02)
-    seen: dict[int, str | None] = {}
-    readies = {run_id: threading.Event() for run_id in (1, 2, 3)}
-    threads = [threading.Thread(target=run_in_own_loop, args=(watcher, run_id, seen, readies[run_id]))
-               for run_id in readies]
-    for thread in threads:
-        thread.start()
-    for ready in readies.values():
-        assert ready.wait(2.0)
+    watcher = CancelWatcher(flags, rows=lambda run_ids: {}, interval=0.01)
+    runs = {run_id: RunInItsOwnLoop(watcher, run_id, on_finish=settled.set if run_id != 2 else lambda: None)
+            for run_id in (1, 2, 3)}
+    assert all(run.watching.wait(HANG_GUARD_SECONDS) for run in runs.values())
     client.set(CANCEL_FLAG.format(run_id=2), "slack:U2")
-    for thread in threads:
-        thread.join(5.0)
+    assert runs[2].finished()
+    cancel_arrived.set()
+    assert settled.wait(HANG_GUARD_SECONDS)
+    for run_id in (1, 3):
+        runs[run_id].end()
+    assert runs[1].finished() and runs[3].finished()
     watcher.stop()
-    assert seen == {1: None, 2: "slack:U2", 3: None}
+    assert {run_id: run.cancelled_by for run_id, run in runs.items()} == {1: None, 2: "slack:U2", 3: None}
     # One read covers every run being executed, not one read per run.
     assert [1, 2, 3] in reads
 

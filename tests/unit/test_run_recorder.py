@@ -74,11 +74,11 @@ def test_events_are_shown_at_once_and_stored_together_shortly_after(session_fact
 
 
 async def until(condition) -> None:
-    """Let the event loop run until `condition()` holds (a bounded number of turns, so a regression fails)."""
-    for _ in range(1000):
+    """Let the event loop (and the write's thread) run until `condition()` holds; fails after about 5 s."""
+    for _ in range(500):
         if condition():
             return
-        await asyncio.sleep(0)
+        await asyncio.sleep(0.01)
     raise AssertionError("the condition never held")
 
 
