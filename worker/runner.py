@@ -23,7 +23,7 @@ from research.events import Error
 from research.models import Passage as FoundPassage
 from research.models import SearchResult
 from research.report import Report, audit_line, render_markdown
-from research.thread_context import fit_thread_context
+from research.thread_context import Turn, fit_thread_context
 from storage.db import database_now
 from storage.models import Citation, Event, Message, Passage, Run, Source, utcnow
 from chat.state import RunProgress, apply_event, initial_progress
@@ -83,7 +83,7 @@ class RunRecorder:
     """Stores a run's events and its findings at the end; folds each event into progress at once.
 
     Events reach the database in batches, at most `write_delay` seconds after they happen, and a
-    terminal event (or `flush`) writes at once: one transaction for many events costs a busy
+    terminal event writes at once: one transaction for many events costs a busy
     worker far less than one each.
     """
 
@@ -110,8 +110,9 @@ class RunRecorder:
             self._unwritten.append(row)
         if event.type in TERMINAL_STATE_OF_EVENT:
             self.terminal = event
+            self.stop_batching()
             try:
-                self.flush()
+                await asyncio.to_thread(self.write_unwritten)  # off the loop, like the batched writes
             except Exception:  # kept: the run's final store writes them, trying again while the database is busy
                 logger.warning("could not store the events of run %s yet", self.run_id, exc_info=True)
         elif self._writer is None:
@@ -123,11 +124,6 @@ class RunRecorder:
             except Exception:  # a failed status edit must never stop the research
                 logger.warning("status update failed for run %s", self.run_id, exc_info=True)
 
-    def flush(self) -> None:
-        """Write the events not written yet, unless a newer attempt owns the run; raises what the database raised."""
-        self.stop_batching()
-        self.write_unwritten()
-
     def stop_batching(self) -> None:
         """Cancel the batched write that is waiting; what it would have written stays for the next write."""
         if self._writer is not None:
@@ -135,7 +131,8 @@ class RunRecorder:
             self._writer = None
 
     def write_unwritten(self) -> None:
-        """`flush` without touching the batching task: safe from any thread."""
+        """Write the events not written yet, unless a newer attempt owns the run; safe from any thread; raises what
+        the database raised (the rows are then kept for the next write)."""
         with self._write_lock:
             with self._unwritten_lock:
                 rows, self._unwritten = self._unwritten, []
@@ -160,22 +157,22 @@ class RunRecorder:
             logger.warning("could not store the events of run %s yet", self.run_id, exc_info=True)
 
 
-def _history(session: Session, run: Run) -> list[dict[str, str]]:
+def _history(session: Session, run: Run) -> list[Turn]:
     messages = session.scalars(
         select(Message).where(Message.conversation_id == run.conversation_id).order_by(Message.id.desc()).limit(HISTORY_MESSAGES)
     ).all()
-    return [{"role": "assistant" if message.role == "assistant" else "user", "content": message.text}
+    return [Turn(role="assistant" if message.role == "assistant" else "user", content=message.text)
             for message in reversed(messages)]
 
 
-def _without_current_question(history: list[dict[str, str]], question: str) -> list[dict[str, str]]:
+def _without_current_question(history: list[Turn], question: str) -> list[Turn]:
     """The history before the question being answered (the bot stored it as the thread's last message)."""
     if history and history[-1]["role"] == "user" and history[-1]["content"] == question:
         return history[:-1]
     return history
 
 
-def _context_text(history: list[dict[str, str]]) -> str | None:
+def _context_text(history: list[Turn]) -> str | None:
     if not history:
         return None
     return "\n".join(f"{turn['role']}: {turn['content']}" for turn in history)
@@ -360,10 +357,13 @@ async def _execute_started(run: Run, first_seq: int, owner: str, on_state: OnSta
     cancel = cancel or CancelToken()
     state = engine.ResearchState()
     options = options_for_run(services.options, run.options or {})
-    with services.sessions() as session:
-        history = fit_thread_context(_without_current_question(_history(session, run), run.question), run.question,
-                                     options.max_context_tokens)
-        passages, sources = _stored_passages(session, run) if run.mode == "followup" else ([], {})
+    def read_inputs() -> tuple[list[Turn], list[FoundPassage], dict[str, SearchResult]]:
+        with services.sessions() as session:
+            earlier = _without_current_question(_history(session, run), run.question)
+            return earlier, *(_stored_passages(session, run) if run.mode == "followup" else ([], {}))
+
+    earlier, passages, sources = await asyncio.to_thread(read_inputs)  # off the loop the runs share
+    history = fit_thread_context(earlier, run.question, options.max_context_tokens)
 
     common = {"events": recorder, "cancel": cancel, "state": state, "first_seq": first_seq}
     if run.mode == "research":

@@ -30,6 +30,12 @@ REPLAY_KEY = "deepthread:slack:request:{fingerprint}"
 REPLAY_WINDOW_SECONDS = 600
 
 
+def claims_client(redis_url: str) -> redis.asyncio.Redis:
+    """The Redis client the event deduper and the replay guard share (redis://, rediss:// or unix://)."""
+    # Short timeouts: a stuck Redis must not hold the ack past Slack's 3 s (both checks then fall back).
+    return redis.asyncio.Redis.from_url(redis_url, socket_timeout=0.5, socket_connect_timeout=0.5)
+
+
 class EventDeduper(Protocol):
     """Tells the first delivery of an event from its retries."""
 
@@ -48,9 +54,7 @@ class RedisEventDeduper:
     @classmethod
     def from_url(cls, redis_url: str, *, claim_seconds: int = CLAIM_SECONDS) -> "RedisEventDeduper":
         """A deduper on the Redis at `redis_url` (redis://, rediss:// or unix://)."""
-        # A short timeout: a stuck Redis must not hold the ack past Slack's 3 s (the deduper lets events through then).
-        return cls(redis.asyncio.Redis.from_url(redis_url, socket_timeout=0.5, socket_connect_timeout=0.5),
-                   claim_seconds=claim_seconds)
+        return cls(claims_client(redis_url), claim_seconds=claim_seconds)
 
     async def first_delivery(self, event_id: str) -> bool:
         """Whether `event_id` was not claimed yet (claiming it); True when Redis cannot answer."""
@@ -128,9 +132,7 @@ class RedisReplayGuard:
     @classmethod
     def from_url(cls, redis_url: str, *, window_seconds: int = REPLAY_WINDOW_SECONDS) -> "RedisReplayGuard":
         """A replay guard on the Redis at `redis_url` (redis://, rediss:// or unix://)."""
-        # The same short timeouts as the event deduper: the check happens before Slack's 3 s ack.
-        return cls(redis.asyncio.Redis.from_url(redis_url, socket_timeout=0.5, socket_connect_timeout=0.5),
-                   window_seconds=window_seconds)
+        return cls(claims_client(redis_url), window_seconds=window_seconds)
 
     async def first_sighting(self, fingerprint: str) -> bool:
         """Whether neither Redis nor this process saw `fingerprint` within the window (claiming it in both)."""

@@ -27,7 +27,7 @@ from starlette.types import Message, Receive
 from bot.slack.app import ConversationHandler, build_slack_app
 from bot.slack.bundle import missing_adapter_setting
 from chat.slack.messenger import build_slack_client
-from bot.slack.dedupe import EventDeduper, RedisEventDeduper, RedisReplayGuard, ReplayGuard
+from bot.slack.dedupe import EventDeduper, RedisEventDeduper, RedisReplayGuard, ReplayGuard, claims_client
 from config import Settings
 from storage.redis import resolve_redis_url
 
@@ -103,8 +103,12 @@ class SlackBot:
     def __init__(self, settings: Settings, core: ConversationHandler, *, client: AsyncWebClient | None = None,
                  dedupe: EventDeduper | None = None, replay_guard: ReplayGuard | None = None) -> None:
         self.client = client or slack_client(settings)
-        self.dedupe = dedupe or RedisEventDeduper.from_url(resolve_redis_url(settings.redis_url, settings.data_dir))
-        self.replay_guard = replay_guard or RedisReplayGuard.from_url(resolve_redis_url(settings.redis_url, settings.data_dir))
+        if dedupe is None or replay_guard is None:
+            claims = claims_client(resolve_redis_url(settings.redis_url, settings.data_dir))  # one client serves both
+            dedupe = dedupe or RedisEventDeduper(claims)
+            replay_guard = replay_guard or RedisReplayGuard(claims)
+        self.dedupe = dedupe
+        self.replay_guard = replay_guard
         self.app = build_slack_app(settings, core, client=self.client, dedupe=self.dedupe, replay_guard=self.replay_guard)
         self.app_token = settings.secret("slack_app_token")
         self.http_app = build_http_app(None if self.app_token else self.app)
@@ -127,7 +131,7 @@ class SlackBot:
         finally:
             if self.socket_mode is not None:
                 await self.socket_mode.close_async()
-            for closable in (self.dedupe, self.replay_guard):
+            for closable in (self.dedupe, self.replay_guard):  # a shared client's second close does nothing
                 aclose = getattr(closable, "aclose", None)
                 if aclose is not None:
                     await aclose()

@@ -94,13 +94,13 @@ def test_a_terminal_event_stores_everything_at_once(session_factory) -> None:
     assert asyncio.run(record()) == [1, 2]
 
 
-def test_flush_stores_what_is_pending_and_a_newer_attempts_run_refuses_the_old_ones_events(session_factory) -> None:
+def test_a_write_stores_what_is_pending_and_a_newer_attempts_run_refuses_the_old_ones_events(session_factory) -> None:
     run = running_run(session_factory)
 
     async def record() -> tuple[list[int], list[int]]:
         recorder = RunRecorder(session_factory, run, None, write_delay=60.0)
         await recorder(PhaseStarted(seq=1, phase="search"))
-        recorder.flush()
+        recorder.write_unwritten()
         flushed = stored_seqs(session_factory, run.id)
         with session_factory.begin() as session:  # the run passes to a new attempt
             session.execute(update(Run).where(Run.id == run.id).values(attempt=2))
