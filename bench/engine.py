@@ -11,6 +11,12 @@ The critical path is the sum of the step costs; `ratio` is the wall time divided
 The sequential baseline is the same run with every concurrency bound set to 1 (fetcher overall and
 per host, search router); its `sequential_ratio` is its wall time over its own critical path.
 
+The one-host variant puts the same 12 pages (same latencies) on one host name, where the per-host bound
+(`FETCH_MAX_PER_HOST`, 6) rather than the overall one decides; `one_host_ratio` is its ratio, and
+`one_host_fetch_rounds` its first fetch step's wall time over the slowest page (with robots.txt) in it:
+1.0 means every page was in flight at once, 2.0 two full rounds of page latency. `six_pages_one_host_rounds`
+is the same figure for the fetcher alone taking 6 pages of 1 s from one host (robots.txt 100 ms first).
+
     .venv/bin/python bench/engine.py
 """
 
@@ -31,10 +37,11 @@ from research import engine  # noqa: E402
 from research.cpu import cpu_pool  # noqa: E402
 from research.budget import ResearchOptions  # noqa: E402
 from research.events import PhaseDone, PhaseStarted  # noqa: E402
+from research.fetch import FetchConfig, SafeFetcher, build_fetch_client  # noqa: E402
 from research.report import Report  # noqa: E402
 from tests.fakes.corpus import HOSTS, QUESTION, Corpus, options  # noqa: E402
 from tests.fakes.server import RecordedRequest  # noqa: E402
-from tests.fakes.web import Page  # noqa: E402
+from tests.fakes.web import FakeWeb, Page, article_html  # noqa: E402
 
 LLM_SECONDS = 0.8
 SEARCH_SECONDS = 0.3
@@ -98,11 +105,20 @@ class RunFigures(BaseModel):
     def ratio(self) -> float:
         return self.wall_seconds / self.critical_path_seconds
 
+    @property
+    def fetch_rounds(self) -> float:
+        """The first fetch step's wall time over its costliest page (with its host's robots.txt): rounds of page latency."""
+        fetch = next(step for step in self.steps if step.phase == "fetch")
+        return fetch.seconds / fetch.cost
 
-def page_latencies() -> dict[str, float]:
+
+ONE_HOST = ("alpha.example",)
+
+
+def page_latencies(hosts: tuple[str, ...] = HOSTS, pages_per_host: int = PAGES_PER_HOST) -> dict[str, float]:
     """Page URL (without port) → latency, spread evenly from the fastest to the slowest, interleaved across hosts."""
     urls = [f"http://{host}{'/zorblax' if index == 0 else f'/zorblax-{index + 1}'}"
-            for index in range(PAGES_PER_HOST) for host in HOSTS]
+            for index in range(pages_per_host) for host in hosts]
     step = (SLOWEST_PAGE_SECONDS - FASTEST_PAGE_SECONDS) / (len(urls) - 1)
     return {url: round(FASTEST_PAGE_SECONDS + number * step, 3) for number, url in enumerate(urls)}
 
@@ -156,15 +172,18 @@ async def research_then_close(tools: engine.ResearchTools, budget: ResearchOptio
         await tools.llm.aclose()
 
 
-def run_once(label: str, *, sequential: bool, pool: Executor | None, latencies: bool = True) -> RunFigures:
-    """Research the corpus question once against fresh fakes and measure it."""
+def run_once(label: str, *, sequential: bool, pool: Executor | None, latencies: bool = True,
+             hosts: tuple[str, ...] = HOSTS) -> RunFigures:
+    """Research the corpus question once against fresh fakes (the 12 pages spread over `hosts`) and measure it."""
+    pages_per_host = PAGES_PER_HOST * len(HOSTS) // len(hosts)
     corpus = Corpus(
-        page_latency=page_latencies() if latencies else 0.0,
+        page_latency=page_latencies(hosts, pages_per_host) if latencies else 0.0,
         llm_latency=LLM_SECONDS if latencies else 0.0,
         search_latency=SEARCH_SECONDS if latencies else 0.0,
-        pages_per_host=PAGES_PER_HOST,
+        pages_per_host=pages_per_host,
+        hosts=hosts,
     )
-    for host in HOSTS:
+    for host in hosts:
         corpus.web.add(f"http://{host}/robots.txt", Page(body=ROBOTS_TXT, content_type="text/plain",
                                                         latency=ROBOTS_SECONDS if latencies else 0.0))
     with corpus:
@@ -182,6 +201,28 @@ def run_once(label: str, *, sequential: bool, pool: Executor | None, latencies: 
     unattributed = attribute(clock.steps, recorded_calls(corpus))
     return RunFigures(label=label, steps=clock.steps, wall_seconds=wall, unattributed_calls=unattributed,
                       report_complete=report is not None and not report.partial)
+
+
+def fetch_rounds_on_one_host(pages: int, page_seconds: float = 1.0) -> float:
+    """Wall time of the default fetcher taking `pages` pages of one host at once, in rounds of page latency (robots.txt included)."""
+    host = ONE_HOST[0]
+    web = FakeWeb()
+    web.add(f"http://{host}/robots.txt", Page(body=ROBOTS_TXT, content_type="text/plain", latency=ROBOTS_SECONDS))
+    for number in range(pages):
+        web.add(f"http://{host}/page/{number}", Page(article_html(f"Page {number}", ["Text."]), latency=page_seconds))
+
+    async def fetch_all() -> float:
+        config = FetchConfig(allow_private=web.allow_list())
+        async with build_fetch_client(config) as client:
+            fetcher = SafeFetcher(client, web.resolver(), config)
+            started = time.monotonic()
+            results = await asyncio.gather(*(fetcher.fetch(web.url(f"http://{host}/page/{number}")) for number in range(pages)))
+            wall = time.monotonic() - started
+        assert all(result.ok for result in results), [result.reason for result in results]
+        return wall
+
+    with web:
+        return asyncio.run(fetch_all()) / (page_seconds + ROBOTS_SECONDS)
 
 
 def print_run(figures: RunFigures) -> None:
@@ -216,10 +257,18 @@ def main() -> None:
     print_run(pooled)
     sequential = run_once("sequential baseline (every concurrency bound 1), CPU work inline", sequential=True, pool=None)
     print_run(sequential)
+    one_host = run_once(f"one host: all {len(HOSTS) * PAGES_PER_HOST} pages on {ONE_HOST[0]}, CPU work inline",
+                        sequential=False, pool=None, hosts=ONE_HOST)
+    print_run(one_host)
+    print(f"  first fetch step: {one_host.fetch_rounds:.2f} rounds of its slowest page's latency")
+    six_pages_rounds = fetch_rounds_on_one_host(6)
+    print(f"\nthe fetcher alone, 6 pages of 1 s on one host: {six_pages_rounds:.2f} rounds")
     print(f"\npool: ratio={pooled.ratio:.3f} wall_s={pooled.wall_seconds:.3f} "
           f"critical_path_s={pooled.critical_path_seconds:.3f}")
     print(f"ratio={concurrent.ratio:.3f} sequential_ratio={sequential.ratio:.3f} "
-          f"wall_s={concurrent.wall_seconds:.3f} critical_path_s={concurrent.critical_path_seconds:.3f}")
+          f"wall_s={concurrent.wall_seconds:.3f} critical_path_s={concurrent.critical_path_seconds:.3f} "
+          f"one_host_ratio={one_host.ratio:.3f} one_host_fetch_rounds={one_host.fetch_rounds:.2f} "
+          f"six_pages_one_host_rounds={six_pages_rounds:.2f}")
 
 
 if __name__ == "__main__":

@@ -116,7 +116,9 @@ def _probe(http: httpx.Client, url: str, headers: dict[str, str] | None = None) 
 def check_search(settings: Settings, http: httpx.Client) -> list[Check]:
     keyed = {"tavily": ("tavily_api_key", settings.tavily_base_url),
              "brave": ("brave_api_key", settings.brave_base_url),
-             "exa": ("exa_api_key", settings.exa_base_url)}
+             "exa": ("exa_api_key", settings.exa_base_url),
+             # Firecrawl is also the scrape fallback for pages the safe fetcher cannot read.
+             "firecrawl": ("firecrawl_api_key", settings.firecrawl_base_url)}
     checks: list[Check] = []
     for name, (key_name, base_url) in keyed.items():
         if not settings.secret(key_name):

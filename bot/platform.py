@@ -8,12 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import httpx
-
-from bot.doctor import Check
 from chat.platform import Outbound
 from config import Settings
+
+if TYPE_CHECKING:  # the doctor pulls in the database and Redis clients, which a platform's adapter may not need
+    import httpx
+
+    from bot.doctor import Check
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,10 @@ from research.events import (
     PhaseDone,
     PhaseFailed,
     PhaseStarted,
+    PlanReady,
     Progress,
+    ReadPage,
+    SourcesRead,
     Warning_,
 )
 from research.fetch import FetchBudget, FetchConfig, SafeFetcher, build_fetch_client
@@ -43,6 +46,7 @@ from research.llm import (
     LLMClient,
     LLMError,
     LLMUnavailable,
+    OnText,
     StructuredOutputError,
     UsageLedger,
     UsageRecord,
@@ -61,7 +65,8 @@ from research.phases.decompose import Decomposition
 from research.plan import ResearchPlan, plan_as_decomposition, render_plan_markdown
 from research.prompts import system_prompt
 from research.rank import rank_passages_for_queries
-from research.providers import NoSearchProviderError, SearchConfig, SearchRouter, build_router
+from research.providers import NoSearchProviderError, SearchConfig, SearchRouter, build_router, build_scraper
+from research.scrape_fallback import FallbackFetcher
 from research.report import AuditFigures, Report, ReportSource, UsageSummary, split_title, unfinished_title
 from research.untrusted import fence_passages, fence_untrusted
 
@@ -400,30 +405,46 @@ async def _research(run: _Run, question: str, plan: Any, context: str | None,
     fetch_client = build_fetch_client(tools.fetch_config, tools.fetch_transport, ssl_context=tools.fetch_ssl_context)
     # Every hop, redirects included, is checked against the run's blocked domains.
     fetch_config = tools.fetch_config.model_copy(update={"blocked_domains": tuple(search_config.blocked_domains)})
-    fetcher = SafeFetcher(fetch_client, tools.resolver, fetch_config, fetch_budget)
+    # Pages the safe fetcher cannot read (bot walls, JavaScript shells, timeouts) go to Firecrawl when it is configured.
+    fetcher = FallbackFetcher(
+        SafeFetcher(fetch_client, tools.resolver, fetch_config, fetch_budget),
+        scraper=build_scraper(search_config, http=tools.search_http), registry=router.registry, emit=run.sink,
+        count_call=router.count_call, may_call=lambda: budget.searches_left() > 0, cpu_pool=tools.cpu_pool,
+    )
     today = tools.today()
+    reader = read_phase.PageReader(cpu_pool=tools.cpu_pool)
+    question_search: search_phase.QuestionSearch | None = None
     try:
         async with run.phase("decompose"):
-            if plan is not None:
-                state.plan = plan_as_decomposition(plan)
-            else:
-                state.plan, state.plan_fell_back = await decompose_phase.decompose(question, llm=llm, today=today, context=context)
-                if state.plan_fell_back:
-                    await run.sink(Warning_(phase="decompose", message="The question could not be broken down; researching it as asked."))
+            # Registered first, so that the question's own search cannot take the ids that put them first.
             for url in decompose_phase.priority_urls(question):
                 if router.registry.is_blocked(url):
                     await run.sink(Warning_(phase="decompose", message=f"Skipped {url}: its domain is blocked."))
                     continue
                 source = router.registry.add(SearchResult(provider="user", title=url, url=url))
                 state.sources[source.id] = source
+            if plan is not None:
+                state.plan = plan_as_decomposition(plan)
+            else:
+                # A follow-up's question may lean on the thread, and a lone search must not use the round's last one.
+                if context is None and options.max_searches > 1:
+                    question_query = search_phase.build_queries([decompose_phase.question_as_query(question)], searches_left=1,
+                                                                since=options.since, already_asked=set(),
+                                                                results_per_query=options.results_per_query)
+                    question_search = search_phase.QuestionSearch(question_query[0], router=router) if question_query else None
+                state.plan, state.plan_fell_back = await decompose_phase.decompose(question, llm=llm, today=today, context=context)
+                if state.plan_fell_back:
+                    await run.sink(Warning_(phase="decompose", message="The question could not be broken down; researching it as asked."))
+            await run.sink(PlanReady(phase="decompose", sub_questions=[sub.question for sub in state.plan.sub_questions]))
         await run.progress(phase_progress("decompose"))
 
         try:
             async with asyncio.timeout(max(0.0, budget.gathering_seconds_left)):
-                await _gather(run, question, options, budget, router, fetcher, llm, tools, today)
+                await _gather(run, question, options, budget, router, fetcher, llm, tools, today,
+                              reader=reader, question_search=question_search)
         except TimeoutError:
             state.partial_reason = state.partial_reason or f"time budget of {options.max_seconds:g} s reached"
-        await _read_unread(run, tools)
+        await _read_unread(run, reader)
         if not state.passages:
             state.passages = read_phase.snippet_passages(list(state.sources.values()))
 
@@ -469,6 +490,9 @@ async def _research(run: _Run, question: str, plan: Any, context: str | None,
             # The engine's own notice cites nothing and claims nothing: auditing it could only mark it unverified.
             state.audit = verify_phase.AuditResult(body_markdown=state.draft)
     finally:
+        if question_search is not None:
+            question_search.cancel()
+        reader.cancel()
         state.search_calls = router.calls
         state.skipped_providers = router.skipped
         await fetch_client.aclose()
@@ -487,11 +511,12 @@ async def _research(run: _Run, question: str, plan: Any, context: str | None,
 
 
 async def _gather(run: _Run, question: str, options: ResearchOptions, budget: Budget, router: SearchRouter,
-                  fetcher: SafeFetcher, llm: LLMClient, tools: ResearchTools, today: dt.date) -> None:
+                  fetcher: SafeFetcher, llm: LLMClient, tools: ResearchTools, today: dt.date, *,
+                  reader: read_phase.PageReader, question_search: search_phase.QuestionSearch | None = None) -> None:
     """Rounds of search → fetch → read → gap check until covered, out of rounds, or out of budget."""
     state = run.state
     assert state.plan is not None
-    asked: set[str] = set()
+    asked: set[str] = {search_phase.query_key(question_search.query.text)} if question_search else set()
     texts = [query for sub in state.plan.sub_questions for query in sub.queries]
     for round_number in range(1, options.max_rounds + 1):
         if (reason := budget.overrun()) is not None:
@@ -499,9 +524,13 @@ async def _gather(run: _Run, question: str, options: ResearchOptions, budget: Bu
             return
         queries = search_phase.build_queries(texts, searches_left=budget.searches_left(), since=options.since,
                                              already_asked=asked, results_per_query=options.results_per_query)
-        if queries:
+        joining = question_search if round_number == 1 else None
+        if queries or joining:
             async with run.phase("search"):
-                for source in await search_phase.search(queries, router=router):
+                # The question's own results come first; unanswered, it fails the round only when nothing else is asked.
+                found = await joining.results(raise_when_unanswered=not queries) if joining else []
+                found += await search_phase.search(queries, router=router) if queries else []
+                for source in found:
                     state.sources.setdefault(source.id, source)
             await run.progress(phase_progress("search", round_number=round_number, rounds=options.max_rounds))
 
@@ -511,13 +540,16 @@ async def _gather(run: _Run, question: str, options: ResearchOptions, budget: Bu
             async with run.phase("fetch"):
                 async def on_fetched(source: SearchResult, result: FetchResult) -> None:
                     state.fetches[source.id] = result
-                    if not result.ok:
+                    if result.ok:
+                        # Reading starts now, while the round's other pages are still arriving.
+                        reader.start(source.id, result)
+                    else:
                         await run.sink(Warning_(phase="fetch", message=f"Skipped {source.url}: {result.reason}",
                                                 detail={"source_id": source.id, "status": result.status}))
                 await fetch_phase.fetch_sources(chosen, fetcher=fetcher, on_fetched=on_fetched)
             await run.progress(phase_progress("fetch", round_number=round_number, rounds=options.max_rounds))
             async with run.phase("read"):
-                await _read_unread(run, tools)
+                await _read_unread(run, reader)
             await run.progress(phase_progress("read", round_number=round_number, rounds=options.max_rounds))
 
         if round_number == options.max_rounds or (reason := budget.overrun()) is not None:
@@ -537,20 +569,23 @@ async def _gather(run: _Run, question: str, options: ResearchOptions, budget: Bu
             return
 
 
-async def _read_unread(run: _Run, tools: ResearchTools) -> None:
-    """Extract and chunk every fetched page not read yet; passages keep run-stable ids."""
+async def _read_unread(run: _Run, reader: read_phase.PageReader) -> None:
+    """Extract (or finish extracting) and chunk every fetched page not read yet; passages keep run-stable ids."""
     state = run.state
     unread = [sid for sid, result in sorted(state.fetches.items(), key=lambda item: int(item[0][1:]))
               if result.ok and sid not in state.documents]
     if not unread:
         return
-    documents = await read_phase.extract_pages(
-        [(sid, state.fetches[sid]) for sid in unread], cpu_pool=tools.cpu_pool)
+    documents = await reader.documents([(sid, state.fetches[sid]) for sid in unread])
     for sid in unread:
         # The body is no longer needed once read; dropping it keeps a long run's memory flat.
         state.fetches[sid] = state.fetches[sid].model_copy(update={"body": b""})
     state.documents.update(documents)
     state.passages.extend(read_phase.passages_for(documents, first_number=len(state.passages) + 1))
+    read = [ReadPage(source_id=sid, url=state.sources[sid].url, title=state.sources[sid].title)
+            for sid in unread if sid in documents and sid in state.sources]
+    if read:
+        await run.sink(SourcesRead(phase="read", pages=read))
 
 
 class JudgeVerdict(BaseModel):
@@ -582,7 +617,7 @@ def _llm_for_run(run: _Run, llm: LLMClient) -> LLMClient:
     async def on_usage(record: UsageRecord) -> None:
         run.state.record_usage(record)
         await run.sink(LLMUsage(model=record.model, prompt_tokens=record.prompt_tokens,
-                                completion_tokens=record.completion_tokens, cost=record.cost))
+                                completion_tokens=record.completion_tokens, cost=record.cost, step=record.task))
 
     return llm.with_usage_callback(on_usage)
 
@@ -629,9 +664,11 @@ async def chat(
     cancel: CancelToken | None = None,
     state: ResearchState | None = None,
     first_seq: int = 1,
+    on_text: OnText | None = None,
 ) -> Report | None:
     """A short conversational answer from the model alone (no tools), with the thread's history (fitted to
-    `options.max_context_tokens` by the caller), at most `options.chat_max_output_tokens` long."""
+    `options.max_context_tokens` by the caller), at most `options.chat_max_output_tokens` long; streamed to
+    `on_text` (the visible text so far) as the model writes it, when given."""
     options = options or ResearchOptions()
     run = _Run(question, events, cancel, state, first_seq)
 
@@ -640,7 +677,8 @@ async def chat(
         messages = [{"role": "system", "content": system_prompt("chat", today)}, *history,
                     {"role": "user", "content": question}]
         async with run.phase("chat"):
-            answer = await client.complete_long(messages, task="chat", max_tokens=options.chat_max_output_tokens)
+            answer = await client.complete_long(messages, task="chat", max_tokens=options.chat_max_output_tokens,
+                                                on_text=on_text)
         if not answer.text:
             raise LLMError("the model returned an empty answer")
         return Report(question=question, title=question[:80], mode="chat", body_markdown=answer.text,
@@ -663,9 +701,11 @@ async def answer_from_passages(
     cancel: CancelToken | None = None,
     state: ResearchState | None = None,
     first_seq: int = 1,
+    on_text: OnText | None = None,
 ) -> Report | None:
     """A follow-up answered only from an earlier run's passages, audited like a report; no web access. Its model
-    calls together stay within `options.chat_max_llm_tokens` (the citation check is skipped past it)."""
+    calls together stay within `options.chat_max_llm_tokens` (the citation check is skipped past it). The draft is
+    streamed to `on_text` as the model writes it, when given; the report returned is the audited answer."""
     options = options or ResearchOptions()
     run = _Run(question, events, cancel, state, first_seq)
     run.state.sources = dict(sources)
@@ -684,7 +724,8 @@ async def answer_from_passages(
             messages = [{"role": "system", "content": system_prompt("answer", today)}, *history,
                         {"role": "user", "content": f"Follow-up question:\n{question}\n\nSource passages:\n"
                                                     + fence_passages(selected, titles)}]
-            answer = await client.complete_long(messages, task="answer", max_tokens=options.chat_max_output_tokens)
+            answer = await client.complete_long(messages, task="answer", max_tokens=options.chat_max_output_tokens,
+                                                on_text=on_text)
             run.state.draft = answer.text
         async with run.phase("verify"):
             run.state.audit = await verify_phase.verify_draft(

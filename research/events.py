@@ -70,12 +70,35 @@ class LLMUsage(_Event):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost: float = 0.0
+    step: str | None = None  # the engine step that made the call (decompose, synthesize, citation_check, …)
 
 
 class Warning_(_Event):
     type: Literal["warning"] = "warning"
     message: str
     detail: dict[str, Any] = Field(default_factory=dict)
+
+
+class PlanReady(_Event):
+    """The sub-questions the research will answer, once decomposed (shown as tasks on platforms that can)."""
+
+    type: Literal["plan_ready"] = "plan_ready"
+    sub_questions: list[str] = Field(default_factory=list)
+
+
+class ReadPage(BaseModel):
+    """A page whose text was read: its source id, address and title."""
+
+    source_id: str
+    url: str
+    title: str = ""
+
+
+class SourcesRead(_Event):
+    """Pages read since the last such event (shown as a task's sources on platforms that can)."""
+
+    type: Literal["sources_read"] = "sources_read"
+    pages: list[ReadPage] = Field(default_factory=list)
 
 
 class Complete(_Event):
@@ -97,7 +120,7 @@ class Error(_Event):
 Event = Annotated[
     Union[
         PhaseStarted, PhaseDone, PhaseFailed, Progress, ProviderCall, ProviderResult,
-        ProviderError, LLMUsage, Warning_, Complete, Aborted, Error,
+        ProviderError, LLMUsage, Warning_, PlanReady, SourcesRead, Complete, Aborted, Error,
     ],
     Field(discriminator="type"),
 ]

@@ -8,18 +8,22 @@ Connections are pooled per host name, checked address and port (`HostPinnedTrans
 connection whose certificate was checked for one name never carries a request for another name on
 the same address. A hop to a blocked domain (`blocked_domains`, subdomains included, hosts compared
 in the same canonical form as the search-result filter) is refused like a private address.
-robots.txt is honoured per origin. Bodies are streamed under a raw cap, a decompressed cap and a
+robots.txt is honoured per origin. Each host gets `max_per_host` requests at once; a robots.txt
+Crawl-delay makes that one at a time, spaced by the delay, and a 429 halves it and pauses the host for
+its Retry-After (both waits capped, and never past a page's deadline). Bodies are streamed under a raw cap, a decompressed cap and a
 per-page deadline, and charged to a byte budget shared by the whole run.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import math
 import ssl
 import time
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing, asynccontextmanager
 from http.cookiejar import CookieJar, DefaultCookiePolicy
 from urllib.parse import urljoin, urlsplit
@@ -28,6 +32,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from research.models import FetchResult, FetchStatus
+from research.providers.base import parse_retry_after
 from research.netguard import (
     AllowList,
     IPAddress,
@@ -51,6 +56,11 @@ ACCEPTED_CONTENT_TYPES = frozenset({"text/html", "application/xhtml+xml", "text/
 ACCEPT_HEADER = "text/html,application/xhtml+xml,text/plain;q=0.9,application/pdf;q=0.8"
 DEFAULT_PORTS = {"http": 80, "https": 443}
 SNIFF_BYTES = 512
+# A 429 without a Retry-After still earns the host a short pause before the page is asked again.
+DEFAULT_TOO_MANY_REQUESTS_WAIT_SECONDS = 1.0
+
+Clock = Callable[[], float]
+Sleep = Callable[[float], Awaitable[None]]
 
 
 class FetchConfig(BaseModel):
@@ -66,7 +76,10 @@ class FetchConfig(BaseModel):
     robots_timeout_seconds: float = 5.0
     max_redirects: int = 5
     max_concurrency: int = 8
-    max_per_host: int = 2
+    # What browsers open per host; a robots.txt crawl delay or a 429 lowers it for that host.
+    max_per_host: int = 6
+    # Crawl delays and Retry-After waits are cut to this: a polite pause, never a stalled run.
+    max_host_wait_seconds: float = 10.0
     respect_robots: bool = True
 
 
@@ -118,6 +131,143 @@ class Target(BaseModel):
     @property
     def is_ip_literal(self) -> bool:
         return ip_literal(self.host) is not None
+
+
+class PageDeadline:
+    """A page's time allowance on an injected clock: the page's task is stopped with TimeoutError when it runs out.
+
+    Like `asyncio.timeout`, but it can be paused (waiting for a busy host is not the page's fault) and the
+    clock and sleep are handed in, so tests move time by hand.
+    """
+
+    def __init__(self, seconds: float, *, clock: Clock, sleep: Sleep) -> None:
+        self.seconds = seconds
+        self._clock = clock
+        self._sleep = sleep
+        self._expires_at = math.inf
+        self._paused_remaining: float | None = None
+        self._watchdog: asyncio.Task[None] | None = None
+        self._task: asyncio.Task[object] | None = None
+        self._cancelling = 0
+        self.expired = False
+
+    @property
+    def remaining(self) -> float:
+        """Seconds left before the page is given up."""
+        if self._paused_remaining is not None:
+            return self._paused_remaining
+        return self._expires_at - self._clock()
+
+    async def __aenter__(self) -> "PageDeadline":
+        self._task = asyncio.current_task()
+        assert self._task is not None
+        self._cancelling = self._task.cancelling()
+        self._arm(self.seconds)
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        self._disarm()
+        assert self._task is not None
+        # As asyncio.timeout does: our own cancel becomes TimeoutError, anyone else's stays a cancel.
+        if self.expired and self._task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError:
+            raise TimeoutError from exc
+
+    @asynccontextmanager
+    async def paused(self) -> AsyncIterator[None]:
+        """Stop the allowance from running out while the block runs, then resume it with what was left."""
+        remaining = self.remaining
+        self._disarm()
+        self._paused_remaining = remaining
+        try:
+            yield
+        finally:
+            self._paused_remaining = None
+            if not self.expired:
+                self._arm(remaining)
+
+    def _arm(self, seconds: float) -> None:
+        self._expires_at = self._clock() + seconds
+        self._watchdog = asyncio.create_task(self._expire_after(seconds), name="page deadline")
+
+    def _disarm(self) -> None:
+        if self._watchdog is not None and not self._watchdog.done():
+            self._watchdog.cancel()
+        self._watchdog = None
+
+    async def _expire_after(self, seconds: float) -> None:
+        await self._sleep(max(0.0, seconds))
+        self.expired = True
+        assert self._task is not None
+        self._task.cancel()
+
+
+class HostPace:
+    """How one host may be asked: how many requests at once, and the earliest start of the next one."""
+
+    def __init__(self, max_in_flight: int) -> None:
+        self.max_in_flight = max_in_flight
+        self.in_flight = 0
+        self.spacing_seconds = 0.0
+        self.next_start = -math.inf
+        self.slowed_because: str | None = None
+        self._waiters: list[asyncio.Future[None]] = []
+
+    @property
+    def busy(self) -> bool:
+        return self.in_flight >= self.max_in_flight
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for one in flight to end."""
+        return len(self._waiters)
+
+    def follow_crawl_delay(self, seconds: float) -> None:
+        """Ask one request at a time, starts `seconds` apart (robots.txt's Crawl-delay, already capped)."""
+        if seconds > self.spacing_seconds:
+            self.spacing_seconds = seconds
+            self.slowed_because = f"robots.txt asks for {seconds:g} s between requests"
+        self.max_in_flight = 1
+
+    def back_off(self, now: float, seconds: float) -> None:
+        """After a 429: half as many requests at once (at least one), none before `seconds` from `now`."""
+        self.max_in_flight = max(1, self.max_in_flight // 2)
+        self.next_start = max(self.next_start, now + seconds)
+        self.slowed_because = f"the host answered HTTP 429 and asked for {seconds:g} s"
+
+    def turn(self, now: float) -> float:
+        """When a request asked for at `now` may start."""
+        return max(now, self.next_start)
+
+    def take_turn(self, start: float) -> None:
+        """Reserve the start at `start`, so the next request keeps the spacing after it."""
+        self.next_start = max(self.next_start, start + self.spacing_seconds)
+
+    async def acquire(self) -> None:
+        """Wait until fewer than `max_in_flight` requests are in flight, then count one more."""
+        while self.busy:
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled():
+                    # Woken and cancelled at once: hand the wake-up on rather than lose it.
+                    self._wake_next()
+                raise
+            finally:
+                self._waiters.remove(waiter)
+        self.in_flight += 1
+
+    def release(self) -> None:
+        """Count one request fewer in flight and let the next waiter try."""
+        self.in_flight -= 1
+        self._wake_next()
+
+    def _wake_next(self) -> None:
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+                return
 
 
 class FetchStopped(Exception):
@@ -249,6 +399,12 @@ def pool_key(request: httpx.Request) -> PoolKey:
     )
 
 
+@functools.cache
+def default_ssl_context() -> ssl.SSLContext:
+    """The certificate-checking TLS context every fetcher of this process shares (loading the CA bundle takes tens of ms)."""
+    return httpx.create_ssl_context(trust_env=False)
+
+
 class HostPinnedTransport(httpx.AsyncBaseTransport):
     """One connection pool per host name, checked address and port, so no connection is shared by two names on one address.
 
@@ -257,8 +413,8 @@ class HostPinnedTransport(httpx.AsyncBaseTransport):
     """
 
     def __init__(self, *, ssl_context: ssl.SSLContext | None = None, limits: httpx.Limits | None = None) -> None:
-        # One context for every pool: building one per host would reload the CA bundle each time.
-        self._ssl_context = ssl_context if ssl_context is not None else httpx.create_ssl_context(trust_env=False)
+        # None: the process-wide context, shared by every pool and run, since each build reloads the CA bundle.
+        self._ssl_context = ssl_context
         self._limits = limits or httpx.Limits()
         self._pools: dict[PoolKey, httpx.AsyncHTTPTransport] = {}
 
@@ -266,7 +422,8 @@ class HostPinnedTransport(httpx.AsyncBaseTransport):
         key = pool_key(request)
         pool = self._pools.get(key)
         if pool is None:
-            pool = httpx.AsyncHTTPTransport(verify=self._ssl_context, limits=self._limits, trust_env=False)
+            verify = self._ssl_context if self._ssl_context is not None else default_ssl_context()
+            pool = httpx.AsyncHTTPTransport(verify=verify, limits=self._limits, trust_env=False)
             self._pools[key] = pool
         return await pool.handle_async_request(request)
 
@@ -301,20 +458,42 @@ class SafeFetcher:
         resolver: Resolver,
         config: FetchConfig | None = None,
         budget: FetchBudget | None = None,
+        *,
+        clock: Clock = time.monotonic,
+        sleep: Sleep = asyncio.sleep,
     ) -> None:
         self.config = config or FetchConfig()
         self.budget = budget or FetchBudget(25 * MIB)
         self._client = client
         self._resolver = resolver
+        self._clock = clock
+        self._sleep = sleep
         self._overall = asyncio.Semaphore(self.config.max_concurrency)
-        self._per_host: dict[str, asyncio.Semaphore] = {}
+        self._hosts: dict[str, HostPace] = {}
         self.robots = RobotsCache(self._fetch_robots, self.config.user_agent)
 
     async def fetch(self, url: str) -> FetchResult:
         """Fetch one URL and return its recorded outcome; never raises for a problem with the page."""
-        started = time.monotonic()
+        started = self._clock()
         result = await self._fetch_with_limits(url)
-        return result.model_copy(update={"seconds": round(time.monotonic() - started, 3)})
+        return result.model_copy(update={"seconds": round(self._clock() - started, 3)})
+
+    def pace_of(self, host: str) -> HostPace:
+        """How fast `host` (normalised) is being asked now."""
+        return self._hosts.setdefault(host, HostPace(self.config.max_per_host))
+
+    def _deadline(self, seconds: float) -> PageDeadline:
+        return PageDeadline(seconds, clock=self._clock, sleep=self._sleep)
+
+    async def refusal(self, url: str) -> FetchResult | None:
+        """The outcome `url` gets before any page request (scheme, host, address, blocked domain, robots.txt), or None when it may be fetched."""
+        try:
+            target = await self._checked_target(url)
+            if self.config.respect_robots and (robots_refusal := await self.robots.refusal(target.url)) is not None:
+                raise FetchStopped("skipped", robots_refusal)
+        except FetchStopped as stopped:
+            return stopped.as_result(url)
+        return None
 
     async def _fetch_with_limits(self, url: str) -> FetchResult:
         if self.budget.exhausted:
@@ -324,7 +503,7 @@ class SafeFetcher:
                 return FetchResult(url=url, status="skipped", reason="fetch budget spent")
             seconds = self.config.page_timeout_seconds
             try:
-                async with asyncio.timeout(seconds) as deadline:
+                async with self._deadline(seconds) as deadline:
                     return await self._fetch_page(url, deadline)
             except TimeoutError:
                 return FetchResult(url=url, status="failed", reason=f"timed out after {seconds:g} s")
@@ -336,7 +515,7 @@ class SafeFetcher:
                 logger.exception("unexpected error while fetching a page")
                 return FetchResult(url=url, status="failed", reason=f"unexpected error ({type(error).__name__})")
 
-    async def _fetch_page(self, url: str, deadline: asyncio.Timeout) -> FetchResult:
+    async def _fetch_page(self, url: str, deadline: PageDeadline) -> FetchResult:
         async with self._final_response(url, deadline, check_robots=self.config.respect_robots) as (target, response):
             counter = _RawCounter()
             try:
@@ -404,7 +583,7 @@ class SafeFetcher:
 
     @asynccontextmanager
     async def _final_response(
-        self, url: str, deadline: asyncio.Timeout | None, *, check_robots: bool
+        self, url: str, deadline: PageDeadline, *, check_robots: bool
     ) -> AsyncIterator[tuple[Target, httpx.Response]]:
         current = url
         for hop in range(self.config.max_redirects + 1):
@@ -414,21 +593,57 @@ class SafeFetcher:
                 if hop == 0:
                     raise
                 raise FetchStopped(stopped.status, f"{stopped.reason} (after redirect to {current})") from stopped
+            pace = self.pace_of(target.host)
             if check_robots:
                 refusal = await self.robots.refusal(target.url)
                 if refusal is not None:
                     raise FetchStopped("skipped", refusal)
-            async with self._host_slot(target.host, deadline):
-                response = await self._send(target)
-                try:
-                    if not response.has_redirect_location:
-                        yield target, response
-                        return
-                    location = response.headers["location"]
-                finally:
-                    await response.aclose()
+                crawl_delay = self.robots.crawl_delay(target.url)
+                if crawl_delay is not None:
+                    pace.follow_crawl_delay(min(crawl_delay, self.config.max_host_wait_seconds))
+            async with self._paced_response(target, pace, deadline) as response:
+                if not response.has_redirect_location:
+                    yield target, response
+                    return
+                location = response.headers["location"]
             current = urljoin(current, location)
         raise FetchStopped("failed", f"more than {self.config.max_redirects} redirects")
+
+    @asynccontextmanager
+    async def _paced_response(self, target: Target, pace: HostPace, deadline: PageDeadline) -> AsyncIterator[httpx.Response]:
+        """The host's answer, sent at the host's pace; a 429 slows the host and is asked again once if the page has time."""
+        asked_again = False
+        while True:
+            await self._wait_for_turn(pace, deadline)
+            async with self._host_slot(pace, deadline):
+                response = await self._send(target)
+                try:
+                    if response.status_code == 429:
+                        wait = parse_retry_after(response.headers.get("retry-after"))
+                        wait = min(DEFAULT_TOO_MANY_REQUESTS_WAIT_SECONDS if wait is None else wait,
+                                   self.config.max_host_wait_seconds)
+                        now = self._clock()
+                        pace.back_off(now, wait)
+                        ask_again = not asked_again and pace.turn(now) - now < deadline.remaining
+                    else:
+                        ask_again = False
+                    if not ask_again:
+                        yield response
+                        return
+                finally:
+                    await response.aclose()
+            asked_again = True
+
+    async def _wait_for_turn(self, pace: HostPace, deadline: PageDeadline) -> None:
+        """Sleep until the host's next turn (that wait counts against the page); raises FetchStopped when the turn comes too late."""
+        now = self._clock()
+        start = pace.turn(now)
+        if start > now and start - now >= deadline.remaining:
+            raise FetchStopped("skipped", f"{pace.slowed_because or 'the host is slowed down'}, so this page's turn "
+                                          f"would come after its {deadline.seconds:g} s deadline")
+        pace.take_turn(start)
+        if start > now:
+            await self._sleep(start - now)
 
     async def _checked_target(self, url: str) -> Target:
         parts = urlsplit(url.strip())
@@ -480,22 +695,17 @@ class SafeFetcher:
         return addresses
 
     @asynccontextmanager
-    async def _host_slot(self, host: str, deadline: asyncio.Timeout | None) -> AsyncIterator[None]:
-        semaphore = self._per_host.setdefault(host, asyncio.Semaphore(self.config.max_per_host))
-        loop = asyncio.get_running_loop()
-        when = deadline.when() if deadline is not None else None
-        if deadline is not None and when is not None and semaphore.locked():
-            # Waiting for our turn at a busy host is not the page's fault, so the deadline pauses meanwhile.
-            remaining = when - loop.time()
-            deadline.reschedule(None)
-            await semaphore.acquire()
-            deadline.reschedule(loop.time() + remaining)
+    async def _host_slot(self, pace: HostPace, deadline: PageDeadline) -> AsyncIterator[None]:
+        if pace.busy:
+            # Waiting for a request of ours to a busy host to end is not the page's fault, so the deadline pauses.
+            async with deadline.paused():
+                await pace.acquire()
         else:
-            await semaphore.acquire()
+            await pace.acquire()
         try:
             yield
         finally:
-            semaphore.release()
+            pace.release()
 
     async def _send(self, target: Target) -> httpx.Response:
         extensions: dict[str, object] = {}
@@ -519,7 +729,7 @@ class SafeFetcher:
     async def _fetch_robots(self, robots_url: str) -> RobotsAnswer:
         seconds = self.config.robots_timeout_seconds
         try:
-            async with asyncio.timeout(seconds) as deadline:
+            async with self._deadline(seconds) as deadline:
                 async with self._final_response(robots_url, deadline, check_robots=False) as (_target, response):
                     if not 200 <= response.status_code < 300:
                         return RobotsAnswer(http_status=response.status_code)

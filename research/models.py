@@ -7,8 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-ProviderName = Literal["tavily", "brave", "exa", "searxng", "duckduckgo"]
-PROVIDER_ORDER: tuple[ProviderName, ...] = ("tavily", "brave", "exa", "searxng", "duckduckgo")
+ProviderName = Literal["tavily", "brave", "exa", "searxng", "firecrawl", "duckduckgo"]
+PROVIDER_ORDER: tuple[ProviderName, ...] = ("tavily", "brave", "exa", "searxng", "firecrawl", "duckduckgo")
 
 
 class SearchQuery(BaseModel):
@@ -32,6 +32,8 @@ class SearchResult(BaseModel):
     published: dt.date | None = None
     score: float | None = None
     extra_snippets: list[str] = Field(default_factory=list)
+    # The page's text when the provider sent it (Firecrawl's Markdown): read instead of fetched; never stored.
+    content: str | None = Field(default=None, repr=False, exclude=True)
 
 
 FetchStatus = Literal["ok", "refused", "failed", "skipped"]
@@ -78,3 +80,13 @@ class Passage(BaseModel):
     start: int
     end: int
     is_snippet: bool = False
+
+
+class ModelUsage(BaseModel):
+    """Running totals for one model."""
+
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float = 0.0
+    estimated_calls: int = 0

@@ -38,6 +38,13 @@ class RobotsRules(BaseModel):
         parts = urlsplit(url)
         return f"robots.txt disallows {parts.path or '/'}"
 
+    def crawl_delay(self, product_token: str) -> float | None:
+        """Seconds robots.txt asks our product token to leave between requests, or None when it asks for no delay."""
+        if self.parser is None:
+            return None
+        delay = self.parser.crawl_delay(product_token)
+        return float(delay) if delay is not None and delay > 0 else None
+
 
 def rules_from_answer(answer: RobotsAnswer) -> RobotsRules:
     """Turn a robots.txt fetch into rules: 2xx parsed, 4xx allows everything, 5xx or unreachable disallows everything (RFC 9309)."""
@@ -91,6 +98,13 @@ class RobotsCache:
         except Exception as error:  # a robots fetch that blows up counts as unreachable, never as permission
             answer = RobotsAnswer(problem=type(error).__name__)
         return rules_from_answer(answer)
+
+    def crawl_delay(self, url: str) -> float | None:
+        """The crawl delay of `url`'s origin once its robots.txt is loaded (after `refusal`), or None."""
+        task = self._rules.get(robots_url_for(url))
+        if task is None or not task.done() or task.cancelled() or task.exception() is not None:
+            return None
+        return task.result().crawl_delay(self.product_token)
 
     def cached_origins(self) -> list[str]:
         """Return the robots.txt URLs fetched or being fetched so far."""

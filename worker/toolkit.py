@@ -37,6 +37,8 @@ def search_config(settings: Settings) -> SearchConfig:
         brave_api_key=settings.secret("brave_api_key"), brave_base_url=settings.brave_base_url,
         exa_api_key=settings.secret("exa_api_key"), exa_base_url=settings.exa_base_url,
         searxng_url=settings.searxng_url,
+        firecrawl_api_key=settings.secret("firecrawl_api_key"), firecrawl_base_url=settings.firecrawl_base_url,
+        firecrawl_max_concurrency=settings.firecrawl_max_concurrency,
         blocked_domains=settings.research_blocked_domains, preferred_domains=settings.research_preferred_domains,
     )
 
@@ -74,7 +76,8 @@ def build_research_tools(
         search_config=search_config(settings),
         search_http=search_http or httpx.AsyncClient(timeout=httpx.Timeout(20.0), trust_env=True),
         resolver=name_resolver or resolver(settings),
-        fetch_config=FetchConfig(allow_private=parse_allow_list(",".join(settings.fetch_allow_private_hosts))),
+        fetch_config=FetchConfig(allow_private=parse_allow_list(",".join(settings.fetch_allow_private_hosts)),
+                                 max_per_host=settings.fetch_max_per_host),
         limiter=limiter,
         breaker=breaker,
         cpu_pool=cpu_pool,

@@ -53,10 +53,15 @@ def priority_urls(question: str) -> list[str]:
     return seen
 
 
+def question_as_query(question: str) -> str:
+    """The question as a search query: its URLs left out, cut to the query length limit."""
+    query = URL_PATTERN.sub(" ", question).strip() or question
+    return query[:MAX_QUERY_CHARS]
+
+
 def fallback(question: str) -> Decomposition:
     """The question itself as the one sub-question and the one query."""
-    query = URL_PATTERN.sub(" ", question).strip() or question
-    return Decomposition(sub_questions=[SubQuestion(question=question, queries=[query[:MAX_QUERY_CHARS]])])
+    return Decomposition(sub_questions=[SubQuestion(question=question, queries=[question_as_query(question)])])
 
 
 async def decompose(question: str, *, llm: LLMClient, today: dt.date, context: str | None = None) -> tuple[Decomposition, bool]:

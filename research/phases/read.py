@@ -1,4 +1,4 @@
-"""Read: main text out of each fetched page, chunked into passages `pN`, ranked per sub-question."""
+"""Read: main text out of each fetched page (extraction starts as each page arrives), chunked into passages `pN`, ranked per sub-question."""
 
 from __future__ import annotations
 
@@ -17,21 +17,54 @@ from research.rank import rank_passages_for_queries, select_passages
 logger = logging.getLogger(__name__)
 
 
+async def extract_page(source_id: str, page: FetchResult, *, cpu_pool: Executor | None) -> Document | None:
+    """The page's main text, extracted in the CPU pool; None when nothing is readable or extraction failed, was killed or ran out of memory."""
+    url = page.final_url or page.url
+    try:
+        document = await run_cpu(extract_document, url, page.body, page.content_type, pool=cpu_pool)
+    except Exception as error:  # a parser's error, a killed or dead child, memory: only this page is lost
+        # The error's type only (parsers quote the page), and the source id, not a URL the question may have held.
+        logger.warning("no text from %s: %s", source_id, type(error).__name__)
+        return None
+    return document if document is not None and document.text.strip() else None
+
+
 async def extract_pages(pages: list[tuple[str, FetchResult]], *, cpu_pool: Executor | None) -> dict[str, Document]:
-    """Each page's main text, extracted in the CPU pool; pages with nothing readable, or whose extraction failed, was killed or ran out of memory, are left out."""
+    """Each page's main text, extracted in the CPU pool; pages with nothing readable, or whose extraction failed, are left out."""
+    extracted = await asyncio.gather(*(extract_page(source_id, page, cpu_pool=cpu_pool) for source_id, page in pages))
+    return {source_id: document for (source_id, _page), document in zip(pages, extracted) if document is not None}
 
-    async def extract(source_id: str, page: FetchResult) -> tuple[str, Document | None]:
-        url = page.final_url or page.url
-        try:
-            document = await run_cpu(extract_document, url, page.body, page.content_type, pool=cpu_pool)
-        except Exception as error:  # a parser's error, a killed or dead child, memory: only this page is lost
-            # The error's type only: parsers quote the page in their messages.
-            logger.warning("no text from %s (%s): %s", source_id, url, type(error).__name__)
-            return source_id, None
-        return source_id, document
 
-    extracted = await asyncio.gather(*(extract(source_id, page) for source_id, page in pages))
-    return {source_id: document for source_id, document in extracted if document is not None and document.text.strip()}
+class PageReader:
+    """Starts each page's extraction as soon as the page is fetched, so reading overlaps the fetching of the others."""
+
+    def __init__(self, *, cpu_pool: Executor | None) -> None:
+        self._cpu_pool = cpu_pool
+        self._extracting: dict[str, asyncio.Task[Document | None]] = {}
+
+    def start(self, source_id: str, page: FetchResult) -> None:
+        """Begin extracting `page` (once per source) without waiting for it."""
+        under_way = self._extracting.get(source_id)
+        if under_way is None or under_way.cancelled():
+            self._extracting[source_id] = asyncio.create_task(
+                extract_page(source_id, page, cpu_pool=self._cpu_pool), name=f"extract {source_id}")
+
+    async def documents(self, pages: list[tuple[str, FetchResult]]) -> dict[str, Document]:
+        """The main text of `pages`, waiting for extractions already under way and starting any not started yet."""
+        for source_id, page in pages:
+            self.start(source_id, page)
+        # Shielded: a gathering cut short by the time budget leaves the extractions for the final read.
+        extracted = await asyncio.gather(*(asyncio.shield(self._extracting[source_id]) for source_id, _page in pages))
+        for source_id, _page in pages:
+            # Done with: the task holds the page's body, which a long run should not keep.
+            self._extracting.pop(source_id, None)
+        return {source_id: document for (source_id, _page), document in zip(pages, extracted) if document is not None}
+
+    def cancel(self) -> None:
+        """Stop the extractions still under way (the run is over)."""
+        for task in self._extracting.values():
+            task.cancel()
+        self._extracting.clear()
 
 
 def passages_for(documents: dict[str, Document], *, first_number: int) -> list[Passage]:

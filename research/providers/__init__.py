@@ -1,4 +1,4 @@
-"""Search providers (Tavily, Brave, Exa, SearXNG, DuckDuckGo) and the router that uses them in order."""
+"""Search providers (Tavily, Brave, Exa, SearXNG, Firecrawl, DuckDuckGo) and the router that uses them in order."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from research.providers.base import (
 from research.providers.brave import BraveProvider
 from research.providers.duckduckgo import DdgsSearch, DuckDuckGoProvider
 from research.providers.exa import ExaProvider
+from research.providers.firecrawl import FirecrawlProvider, FirecrawlScraper
 from research.providers.router import NoSearchProviderError, ProviderUsage, SearchRouter, Sleep
 from research.providers.searxng import SearxngProvider
 from research.providers.tavily import TavilyProvider
@@ -45,7 +46,20 @@ def build_provider(
         )
     if name == "searxng":
         return SearxngProvider(http, base_url=config.searxng_url or "", timeout_seconds=timeout)
+    if name == "firecrawl":
+        return FirecrawlProvider(
+            http, api_key=config.firecrawl_api_key or "", base_url=config.firecrawl_base_url, timeout_seconds=timeout,
+            max_concurrency=config.firecrawl_max_concurrency, restrict_to_preferred=config.restrict_to_preferred,
+        )
     return DuckDuckGoProvider(search_function=ddgs_search, timeout_seconds=timeout)
+
+
+def build_scraper(config: SearchConfig, *, http: httpx.AsyncClient) -> FirecrawlScraper | None:
+    """The Firecrawl scraper for pages the safe fetcher cannot read, or None when Firecrawl is not configured."""
+    if not config.is_configured("firecrawl"):
+        return None
+    return FirecrawlScraper(http, api_key=config.firecrawl_api_key or "", base_url=config.firecrawl_base_url,
+                            max_concurrency=config.firecrawl_max_concurrency)
 
 
 def build_router(
@@ -91,6 +105,8 @@ __all__ = [
     "DdgsSearch",
     "DuckDuckGoProvider",
     "ExaProvider",
+    "FirecrawlProvider",
+    "FirecrawlScraper",
     "NoSearchProviderError",
     "ProviderErrorKind",
     "ProviderUsage",
@@ -101,5 +117,6 @@ __all__ = [
     "SearxngProvider",
     "TavilyProvider",
     "build_provider",
+    "build_scraper",
     "build_router",
 ]

@@ -19,8 +19,9 @@ from research.models import PROVIDER_ORDER, ProviderName, SearchQuery, SearchRes
 DEFAULT_TAVILY_BASE_URL = "https://api.tavily.com"
 DEFAULT_BRAVE_BASE_URL = "https://api.search.brave.com"
 DEFAULT_EXA_BASE_URL = "https://api.exa.ai"
+DEFAULT_FIRECRAWL_BASE_URL = "https://api.firecrawl.dev"
 
-ProviderErrorKind = Literal["auth", "rate_limited", "server", "malformed", "unavailable", "timeout", "rejected"]
+ProviderErrorKind = Literal["auth", "rate_limited", "server", "malformed", "unavailable", "timeout", "rejected", "empty", "payment"]
 
 _REASONS: dict[ProviderErrorKind, str] = {
     "auth": "authentication failed",
@@ -30,6 +31,8 @@ _REASONS: dict[ProviderErrorKind, str] = {
     "unavailable": "unavailable",
     "timeout": "timed out",
     "rejected": "request rejected",
+    "empty": "empty result",
+    "payment": "payment required",
 }
 
 
@@ -62,6 +65,11 @@ class SearchProviderError(Exception):
     def retryable(self) -> bool:
         """Whether trying the same call again later may succeed (429 and 5xx)."""
         return self.kind in ("rate_limited", "server")
+
+    @property
+    def disables_provider(self) -> bool:
+        """Whether the provider is useless for the rest of the run (a rejected key, spent credits)."""
+        return self.kind in ("auth", "payment")
 
 
 class SearchProvider(Protocol):
@@ -96,6 +104,10 @@ class SearchConfig(BaseModel):
     exa_api_key: str | None = None
     exa_base_url: str = DEFAULT_EXA_BASE_URL
     searxng_url: str | None = None
+    firecrawl_api_key: str | None = None
+    firecrawl_base_url: str = DEFAULT_FIRECRAWL_BASE_URL
+    # Firecrawl calls in flight (searches and scrapes together) per event loop, i.e. per worker process.
+    firecrawl_max_concurrency: int = Field(default=2, ge=1)
     blocked_domains: list[str] = Field(default_factory=list)
     preferred_domains: list[str] = Field(default_factory=list)
     restrict_to_preferred: bool = False
@@ -120,12 +132,12 @@ class SearchConfig(BaseModel):
             return "auto" if names in ([], ["auto"]) else names
         return value
 
-    @field_validator("tavily_api_key", "brave_api_key", "exa_api_key", "searxng_url", mode="before")
+    @field_validator("tavily_api_key", "brave_api_key", "exa_api_key", "searxng_url", "firecrawl_api_key", mode="before")
     @classmethod
     def _blank_is_unset(cls, value: Any) -> str | None:
         return _optional_text(value)
 
-    @field_validator("tavily_base_url", "brave_base_url", "exa_base_url", "searxng_url")
+    @field_validator("tavily_base_url", "brave_base_url", "exa_base_url", "searxng_url", "firecrawl_base_url")
     @classmethod
     def _no_trailing_slash(cls, value: str | None) -> str | None:
         return value.rstrip("/") if value else value
@@ -137,6 +149,7 @@ class SearchConfig(BaseModel):
             "brave": self.brave_api_key,
             "exa": self.exa_api_key,
             "searxng": self.searxng_url,
+            "firecrawl": self.firecrawl_api_key,
             "duckduckgo": "keyless",
         }
         return needs[provider] is not None
@@ -212,6 +225,7 @@ def build_result(
     published: Any = None,
     score: Any = None,
     extra_snippets: Any = None,
+    content: Any = None,
 ) -> SearchResult | None:
     """A SearchResult from loosely typed fields, or None when there is no http(s) URL to keep."""
     link = text_or_none(url)
@@ -225,6 +239,7 @@ def build_result(
         published=parse_published(published),
         score=float_or_none(score),
         extra_snippets=strings_in(extra_snippets),
+        content=text_or_none(content),
     )
 
 
@@ -259,11 +274,14 @@ def results_list(provider: str, payload: Any, *path: str, missing_is_empty: bool
 def error_for_status(
     provider: str, response: httpx.Response, *, fallback_retry_after: float | None = None,
 ) -> SearchProviderError:
-    """The provider error that an HTTP error status stands for (401/403 auth, 429 rate limited, 5xx server, other 4xx rejected)."""
+    """The provider error that an HTTP error status stands for (401/403 auth, 402 payment, 429 rate limited, 5xx server,
+    other 4xx rejected)."""
     status = response.status_code
     detail = " ".join(response.text.split())[:200]
     if status in (401, 403):
         kind: ProviderErrorKind = "auth"
+    elif status == 402:
+        kind = "payment"
     elif status == 429:
         kind = "rate_limited"
     elif status >= 500:

@@ -101,6 +101,10 @@ class SearchRouter:
             if usage.skipped or usage.errors
         }
 
+    def count_call(self, provider: str) -> None:
+        """Count a call made to `provider` outside search (a Firecrawl scrape), for the usage footer and the budget."""
+        self._usage.setdefault(provider, ProviderUsage()).calls += 1
+
     async def search(self, queries: Sequence[SearchQuery]) -> list[SearchResult]:
         """Run `queries` (concurrently, bounded) and return the run's sources they found, deduplicated, in id order.
 
@@ -188,8 +192,8 @@ class SearchRouter:
             await self._breaker.record_failure(provider.name)
             self._usage[provider.name].errors.append(error.reason)
             await self._emit(ProviderError(phase="search", provider=provider.name, query=query.text, reason=error.reason))
-            if error.kind == "auth":
-                # A rejected key will not become valid during this run.
+            if error.disables_provider:
+                # A rejected key will not become valid, nor spent credits come back, during this run.
                 self._disabled[provider.name] = error.reason
                 await self._skip(provider.name, error.reason)
             return None

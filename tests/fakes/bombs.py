@@ -1,8 +1,9 @@
-"""Hostile bodies built in memory: a PDF whose content stream inflates far beyond its size."""
+"""Hostile bodies built in memory: a PDF whose content stream inflates far beyond its size, and a huge HTML table."""
 
 from __future__ import annotations
 
 import zlib
+from functools import cache
 
 PAGE_TEXT = "bomb text bomb text"
 _MIB = 1024 * 1024
@@ -32,3 +33,16 @@ def flate_pdf(inflated_bytes: int) -> bytes:
     document += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
     document += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, cross_reference)
     return bytes(document)
+
+
+@cache
+def pdf_bomb(inflated_bytes: int) -> bytes:
+    """`flate_pdf`, built once per size (a 200 MiB bomb takes a while to compress)."""
+    return flate_pdf(inflated_bytes)
+
+
+@cache
+def table_page(decoded_bytes: int) -> bytes:
+    """An HTML page that is one table of ten cells a row, `decoded_bytes` long."""
+    row = "<tr>" + "<td>cell</td>" * 10 + "</tr>\n"
+    return ("<html><body><table>" + row * (decoded_bytes // len(row)) + "</table></body></html>").encode()

@@ -57,13 +57,14 @@ class Corpus:
     search_latency: float = 0.0
     facts_per_page: int = 4
     pages_per_host: int = 1
+    hosts: tuple[str, ...] = HOSTS
     injection_host: str | None = None
     llm_handler: Any = default_research_model
     pages: list[CorpusPage] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.web = FakeWeb(latency=self.page_latency if isinstance(self.page_latency, float) else 0.0)
-        for host_index, host in enumerate(HOSTS):
+        for host_index, host in enumerate(self.hosts):
             for page_index in range(self.pages_per_host):
                 self._add_page(host_index, host, page_index)
         self.search = FakeSearchAPI(results_for=self._results, latency=self.search_latency)
@@ -113,8 +114,10 @@ class Corpus:
             "LLM_BASE_URL": self.llm.base_url, "LLM_MODEL": "fake-model", "LLM_API_KEY": "sk-fake",
             "SEARCH_PROVIDERS": "brave", "BRAVE_API_KEY": self.search.api_keys.get("brave", "brave-any"),
             "BRAVE_BASE_URL": self.search.base_url("brave"),
-            "FETCH_ALLOW_PRIVATE_HOSTS": ",".join(HOSTS),
-            "FETCH_RESOLVE": ",".join(f"{host}=127.0.0.1" for host in HOSTS),
+            "FETCH_ALLOW_PRIVATE_HOSTS": ",".join(self.hosts),
+            "FETCH_RESOLVE": ",".join(f"{host}=127.0.0.1" for host in self.hosts),
+            # No health server unless a test asks for one: processes started one after another would race for 9450.
+            "WORKER_HTTP_PORT": "0", "DISCORD_HTTP_PORT": "0",
         }
 
     def tools(self, **search_overrides: Any) -> ResearchTools:

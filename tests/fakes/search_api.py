@@ -1,7 +1,12 @@
-"""One fake that speaks Tavily, Brave, Exa and SearXNG at the wire, in their real JSON shapes.
+"""One fake that speaks Tavily, Brave, Exa, SearXNG and Firecrawl at the wire, in their real JSON shapes.
 
-Each provider lives under its own path prefix (`/tavily`, `/brave`, `/exa`, `/searxng`), so one server serves all
-four and `base_url(provider)` is what you configure as that provider's base URL. Use it in-process through
+Each provider lives under its own path prefix (`/tavily`, `/brave`, `/exa`, `/searxng`, `/firecrawl`), so one server
+serves all five and `base_url(provider)` is what you configure as that provider's base URL. Firecrawl's scrape
+endpoint is scripted and logged apart from its search, as the provider `firecrawl-scrape`:
+
+    api.set_scraped_pages({"https://a.org/x": "# X\n\nThe page's text."})
+    api.set_failure("firecrawl-scrape", status=429, headers={"Retry-After": "2"})
+    api.scraped_urls()  # every URL Firecrawl was asked to scrape Use it in-process through
 `transport()` (an httpx ASGI transport: no sockets) or on 127.0.0.1 through `start()`:
 
     api = FakeSearchAPI(results_for=lambda provider, query: [{"url": "https://a.org/x", "title": "X"}]).start()
@@ -33,9 +38,12 @@ from starlette.routing import Route
 from research.providers import SearchConfig
 from tests.fakes.server import LoopbackFake, RecordedRequest, RequestLog
 
-HTTP_PROVIDERS = ("tavily", "brave", "exa", "searxng")
+HTTP_PROVIDERS = ("tavily", "brave", "exa", "searxng", "firecrawl")
+FIRECRAWL_SCRAPE = "firecrawl-scrape"
+# Every scripted and logged endpoint: the providers' searches and Firecrawl's scrape.
+ENDPOINTS = (*HTTP_PROVIDERS, FIRECRAWL_SCRAPE)
 IN_PROCESS_ROOT = "http://127.0.0.1"
-FAKE_KEYS = {"tavily": "tvly-fake-key", "brave": "brave-fake-key", "exa": "exa-fake-key"}
+FAKE_KEYS = {"tavily": "tvly-fake-key", "brave": "brave-fake-key", "exa": "exa-fake-key", "firecrawl": "fc-fake-key"}
 
 # (provider, query text) -> generic hits: {"url", "title", "snippet", "published", "score", "extra_snippets"}.
 ResultsFor = Callable[[str, str], list[dict[str, Any]]]
@@ -89,6 +97,10 @@ def error_body(provider: str, status: int) -> Any:
         }
     if provider == "exa":
         return {"requestId": uuid.uuid4().hex, "error": message, "tag": message.upper().replace(" ", "_")}
+    if provider in ("firecrawl", FIRECRAWL_SCRAPE):
+        firecrawl_messages = {401: "Unauthorized: Invalid token", 402: "Payment required: Insufficient credits",
+                              429: "Rate limit exceeded. Consumed (req/min): 21, Remaining (req/min): 0."}
+        return {"success": False, "error": firecrawl_messages.get(status, "An unexpected error occurred.")}
     return f"<html><body><h1>{message}</h1></body></html>"
 
 
@@ -175,6 +187,37 @@ def searxng_body(query: str, hits: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def firecrawl_search_body(hits: list[dict[str, Any]], request: dict[str, Any]) -> dict[str, Any]:
+    """A Firecrawl `/v2/search` reply; a hit with `markdown` comes back scraped (with metadata), as when the request
+    carried `scrapeOptions`."""
+    scraped = bool((request.get("scrapeOptions") or {}).get("formats"))
+    web = []
+    for position, hit in enumerate(hits[: int(request.get("limit") or 5)], start=1):
+        result: dict[str, Any] = {"url": hit.get("url"), "title": hit.get("title"), "description": hit.get("snippet", ""),
+                                  "position": position}
+        if scraped and hit.get("markdown") is not None:
+            result["markdown"] = hit["markdown"]
+            result["metadata"] = {"title": hit.get("title"), "description": hit.get("snippet", ""),
+                                  "sourceURL": hit.get("url"), "url": hit.get("url"),
+                                  "statusCode": hit.get("status_code", 200), "contentType": "text/html",
+                                  **({"publishedTime": hit["published"]} if hit.get("published") else {})}
+        web.append(result)
+    return {"success": True, "data": {"web": web}, "creditsUsed": 1 + len(web) * scraped, "id": str(uuid.uuid4())}
+
+
+def firecrawl_scrape_body(url: str, markdown: str, *, title: str | None = None, status_code: int = 200) -> dict[str, Any]:
+    """A Firecrawl `/v2/scrape` reply with the page's Markdown and metadata."""
+    return {
+        "success": True,
+        "data": {
+            "markdown": markdown,
+            "metadata": {"title": title or url, "sourceURL": url, "url": url, "statusCode": status_code,
+                         "contentType": "text/html; charset=utf-8", "proxyUsed": "basic", "creditsUsed": 1,
+                         "scrapeId": str(uuid.uuid4())},
+        },
+    }
+
+
 def _timed(endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
     """`endpoint`, stamping its recorded request's `finished_at` once the reply is ready."""
 
@@ -190,7 +233,7 @@ def _timed(endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[Requ
 
 
 class FakeSearchAPI(LoopbackFake):
-    """Tavily, Brave, Exa and SearXNG behind one ASGI app, with programmable results, failures and latency."""
+    """Tavily, Brave, Exa, SearXNG and Firecrawl behind one ASGI app, with programmable results, failures and latency."""
 
     def __init__(
         self,
@@ -204,14 +247,18 @@ class FakeSearchAPI(LoopbackFake):
         self.api_keys = dict(FAKE_KEYS if api_keys is None else api_keys)
         self._results_by_provider: dict[str, Callable[[str], list[dict[str, Any]]]] = {}
         self._latency_by_provider: dict[str, float] = {}
-        self._scripts: dict[str, list[ScriptedResponse]] = {provider: [] for provider in HTTP_PROVIDERS}
-        self._logs = {provider: RequestLog() for provider in HTTP_PROVIDERS}
+        self._scripts: dict[str, list[ScriptedResponse]] = {endpoint: [] for endpoint in ENDPOINTS}
+        self._logs = {endpoint: RequestLog() for endpoint in ENDPOINTS}
+        # URL -> Markdown that Firecrawl's scrape returns; other URLs answer as a page that is not there.
+        self.scraped_pages: dict[str, str] = {}
         self._lock = threading.Lock()
         self.app = Starlette(routes=[
             Route("/tavily/search", _timed(self._tavily), methods=["POST"]),
             Route("/brave/res/v1/web/search", _timed(self._brave), methods=["GET"]),
             Route("/exa/search", _timed(self._exa), methods=["POST"]),
             Route("/searxng/search", _timed(self._searxng), methods=["GET"]),
+            Route("/firecrawl/v2/search", _timed(self._firecrawl_search), methods=["POST"]),
+            Route("/firecrawl/v2/scrape", _timed(self._firecrawl_scrape), methods=["POST"]),
         ])
 
     # -- lifecycle: LoopbackFake's start, stop and `with`, serving on 127.0.0.1 at a free port --------------------
@@ -235,12 +282,13 @@ class FakeSearchAPI(LoopbackFake):
         return f"{self.root_url}/{provider}"
 
     def search_config(self, **overrides: Any) -> SearchConfig:
-        """A SearchConfig with every HTTP provider pointing here with a valid key; `overrides` win."""
+        """A SearchConfig with every HTTP provider pointing here with a valid key, except Firecrawl, which is configured
+        (search and scrape fallback) only when `firecrawl_api_key` is given; `overrides` win."""
         settings: dict[str, Any] = {
             "tavily_api_key": self.api_keys.get("tavily", "tvly-any"), "tavily_base_url": self.base_url("tavily"),
             "brave_api_key": self.api_keys.get("brave", "brave-any"), "brave_base_url": self.base_url("brave"),
             "exa_api_key": self.api_keys.get("exa", "exa-any"), "exa_base_url": self.base_url("exa"),
-            "searxng_url": self.base_url("searxng"),
+            "searxng_url": self.base_url("searxng"), "firecrawl_base_url": self.base_url("firecrawl"),
         }
         settings.update(overrides)
         return SearchConfig(**settings)
@@ -271,9 +319,10 @@ class FakeSearchAPI(LoopbackFake):
     def reset(self) -> None:
         """Forget scripted replies, per-provider results and latencies, and recorded requests."""
         with self._lock:
-            for provider in HTTP_PROVIDERS:
-                self._scripts[provider].clear()
-                self._logs[provider].clear()
+            for endpoint in ENDPOINTS:
+                self._scripts[endpoint].clear()
+                self._logs[endpoint].clear()
+            self.scraped_pages.clear()
             self._results_by_provider.clear()
             self._latency_by_provider.clear()
 
@@ -285,6 +334,14 @@ class FakeSearchAPI(LoopbackFake):
     def requests(self, provider: str) -> list[RecordedRequest]:
         """Every request `provider` received, oldest first."""
         return self._logs[provider].all()
+
+    def set_scraped_pages(self, pages: dict[str, str]) -> None:
+        """Make Firecrawl's scrape return this Markdown for these URLs."""
+        self.scraped_pages.update(pages)
+
+    def scraped_urls(self) -> list[str]:
+        """Every URL Firecrawl's scrape was asked for, oldest first."""
+        return [str(json.loads(request.body or b"{}").get("url")) for request in self.requests(FIRECRAWL_SCRAPE)]
 
     def last_request_data(self, provider: str) -> dict[str, Any]:
         """The last request's JSON body (POST APIs) or query parameters (GET APIs)."""
@@ -379,3 +436,27 @@ class FakeSearchAPI(LoopbackFake):
             return self._render(403, error_body("searxng", 403))
         query = request.query_params.get("q", "")
         return self._render(200, searxng_body(query, self._hits("searxng", query)))
+
+    def _firecrawl_key_is_valid(self, request: Request) -> bool:
+        return self._key_is_valid("firecrawl", (request.headers.get("authorization") or "").removeprefix("Bearer ").strip())
+
+    async def _firecrawl_search(self, request: Request) -> Response:
+        body = await self._record_and_wait("firecrawl", request)
+        if (scripted := self._scripted_or_none("firecrawl")) is not None:
+            return scripted
+        if not self._firecrawl_key_is_valid(request):
+            return self._render(401, error_body("firecrawl", 401))
+        data = json.loads(body or b"{}")
+        query = without_site_operators(str(data.get("query", "")))
+        return self._render(200, firecrawl_search_body(self._hits("firecrawl", query), data))
+
+    async def _firecrawl_scrape(self, request: Request) -> Response:
+        body = await self._record_and_wait(FIRECRAWL_SCRAPE, request)
+        if (scripted := self._scripted_or_none(FIRECRAWL_SCRAPE)) is not None:
+            return scripted
+        if not self._firecrawl_key_is_valid(request):
+            return self._render(401, error_body(FIRECRAWL_SCRAPE, 401))
+        url = str(json.loads(body or b"{}").get("url", ""))
+        if url not in self.scraped_pages:
+            return self._render(200, firecrawl_scrape_body(url, "# Not Found", title="Not Found", status_code=404))
+        return self._render(200, firecrawl_scrape_body(url, self.scraped_pages[url]))

@@ -8,7 +8,6 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
-from functools import cache
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ from research.cpu import CpuTaskError, CpuTaskTimedOut, CpuWorkerDied, Supervise
 from research.extract import extract_document
 from research.models import FetchResult
 from research.phases.read import extract_pages
-from tests.fakes.bombs import flate_pdf
+from tests.fakes.bombs import pdf_bomb, table_page
 
 pytestmark = pytest.mark.integration
 
@@ -34,18 +33,6 @@ ARTICLE = (
     + f"<p>{ARTICLE_SENTENCE}</p>" * 3
     + "</article></body></html>"
 ).encode()
-
-
-@cache
-def pdf_bomb(inflated_bytes: int) -> bytes:
-    return flate_pdf(inflated_bytes)
-
-
-@cache
-def table_page(decoded_bytes: int) -> bytes:
-    """An HTML page that is one table of ten cells a row, `decoded_bytes` long."""
-    row = "<tr>" + "<td>cell</td>" * 10 + "</tr>\n"
-    return ("<html><body><table>" + row * (decoded_bytes // len(row)) + "</table></body></html>").encode()
 
 
 def report_pid_then_wait(path: str) -> None:

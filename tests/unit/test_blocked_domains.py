@@ -20,6 +20,7 @@ from research.netguard import normalise_host
 from research.sources import SourceRegistry
 from research.urls import host_of, url_matches
 from tests.fakes.llm import ChatRequest, FakeLLM, HandlerResult, decomposition, default_research_model
+from tests.fakes.recording_site import RecordingSite
 from tests.fakes.resolver import DictResolver
 from tests.fakes.search_api import FakeSearchAPI
 
@@ -66,18 +67,6 @@ def test_search_results_on_a_blocked_domain_or_its_subdomains_are_dropped() -> N
     results = [SearchResult(provider="brave", title=url, url=url) for url in WRITINGS_OF_A_BLOCKED_HOST]
     kept = registry.add_results([*results, SearchResult(provider="brave", title="ok", url="https://ok.example/a")])
     assert [source.url for source in kept] == ["https://ok.example/a"]
-
-
-class RecordingSite(httpx.AsyncBaseTransport):
-    """Stands in for the network: records each request's Host header and answers from `pages` (path to response)."""
-
-    def __init__(self, pages: dict[str, httpx.Response]) -> None:
-        self.pages = pages
-        self.hosts: list[str] = []
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        self.hosts.append(request.headers["host"])
-        return self.pages.get(f"{request.headers['host']}{request.url.path}", httpx.Response(404))
 
 
 def page(text: str = "<html><p>fine</p></html>") -> httpx.Response:

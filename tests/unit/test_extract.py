@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import pickle
 import re
+from collections import Counter
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -14,12 +15,15 @@ import pytest
 import trafilatura
 
 from research.cpu import run_cpu
+from trafilatura.utils import load_html
+
 from research.extract import (
     decode_body,
     detect_body_kind,
     extract_document,
     extract_html,
     fallback_html_text,
+    parse_html,
     snippet_documents,
     unwrap_lines,
 )
@@ -87,6 +91,79 @@ def test_extraction_keeps_at_least_as_much_article_text_as_plain_trafilatura(pag
     plain_sentences = [sentence for sentence in re.split(r"(?<=[.!?])\s+", plain) if len(sentence) > 60]
     kept = sum(1 for sentence in plain_sentences if sentence in ours)
     assert kept >= 0.95 * len(plain_sentences)
+
+
+def _word_f1(text: str, reference: str) -> float:
+    words, reference_words = Counter(re.findall(r"\w+", text)), Counter(re.findall(r"\w+", reference))
+    common = sum((words & reference_words).values())
+    return 2 * common / (sum(words.values()) + sum(reference_words.values())) if common else 0.0
+
+
+@pytest.mark.parametrize("page", PAGE_NAMES)
+def test_extracted_words_match_plain_trafilatura_on_every_page(page: str) -> None:
+    assert _word_f1(_our_text(page), _plain_trafilatura_text(page)) >= 0.98
+
+
+def _collapsed_as_a_browser_shows_it(tree: lxml.html.HtmlElement) -> lxml.html.HtmlElement:
+    """Whitespace runs holding a line break turned into one space, except inside preformatted blocks and script or style bodies."""
+    preformatted = {element for block in tree.iter("pre", "textarea", "listing", "plaintext", "xmp") for element in block.iter()}
+    for element in tree.iter():
+        if element.text and "\n" in element.text and element not in preformatted and element.tag not in ("script", "style"):
+            element.text = re.sub(r"\s+", " ", element.text)
+        if element.tail and "\n" in element.tail and element.getparent() not in preformatted:
+            element.tail = re.sub(r"\s+", " ", element.tail)
+    return tree
+
+
+@pytest.mark.parametrize(
+    "html",
+    [
+        *[decode_body((PAGES / page).read_bytes()) for page in PAGE_NAMES],
+        "<?xml version='1.0' encoding='utf-8'?>\n<html><head><title>Declared</title></head><body><p>An XHTML page\nin two lines.</p></body></html>",
+        "<!DOCTYPE html/>\n<html><body><p>Control\x0b characters\x00 and a\nbreak.</p><p>Second paragraph.</p></body></html>",
+        "<html/>\n<body><p>A self-closing root.</p><p>Another paragraph.</p></body>",
+    ],
+    ids=[*PAGE_NAMES, "xml-declaration", "control-characters", "self-closing-root"],
+)
+def test_page_is_parsed_into_the_tree_trafilatura_builds_with_source_line_breaks_collapsed(html: str) -> None:
+    ours, trafilaturas = parse_html(html), load_html(html)
+    assert ours is not None and trafilaturas is not None
+    assert lxml.html.tostring(ours) == lxml.html.tostring(_collapsed_as_a_browser_shows_it(trafilaturas))
+
+
+def test_line_breaks_inside_preformatted_blocks_are_kept_and_elsewhere_become_spaces() -> None:
+    tree = parse_html(
+        "<html><body><p>Wrapped\n   paragraph <b>bold\ntext</b>\nend.</p>"
+        "<pre>def f():\n    <b>return</b>\n        1</pre>\n<p>After</p>"
+        "<textarea>first\nsecond</textarea></body></html>"
+    )
+    assert tree is not None
+    paragraph, pre, _, textarea = tree.find("body")
+    assert lxml.html.tostring(paragraph, encoding="unicode") == "<p>Wrapped paragraph <b>bold text</b> end.</p>"
+    assert pre.text_content() == "def f():\n    return\n        1"
+    assert pre.tail == " "
+    assert textarea.text == "first\nsecond"
+
+
+def test_title_author_and_date_come_from_meta_tags_and_json_ld_anywhere_in_the_page() -> None:
+    paragraph = "The council approved the new bridge after a long debate about its cost and its design. " * 4
+    html = (
+        "<html><head><meta property='og:title' content='Bridge approved'><title>Bridge approved | Example News</title></head>"
+        f"<body><article><h1>Bridge approved</h1><p>{paragraph}</p><p>{paragraph}</p></article>"
+        '<script type="application/ld+json">{"@context": "https://schema.org", "@type": "NewsArticle", "author": {"@type": "Person", "name": "Jane Doe"},'
+        ' "datePublished": "2024-03-05T10:00:00Z"}</script></body></html>'
+    )
+    document = extract_document("https://news.example/bridge", html.encode(), "text/html")
+    assert document is not None
+    assert (document.title, document.author, document.published) == ("Bridge approved", "Jane Doe", "2024-03-05")
+
+
+def test_a_date_written_only_in_the_text_is_not_searched_for() -> None:
+    paragraph = "The council approved the new bridge after a long debate about its cost and its design. " * 4
+    html = f"<html><head><title>Bridge</title></head><body><article><p class='date'>Posted on 2024-03-05</p><p>{paragraph}</p></article></body></html>"
+    document = extract_document("https://news.example/bridge", html.encode(), "text/html")
+    assert document is not None and "Posted on 2024-03-05" in document.text
+    assert document.published is None
 
 
 def test_page_metadata_title_author_and_date_are_kept() -> None:

@@ -12,7 +12,9 @@ import pytest
 from research.fetch import MIB, BoundedDecoder, FetchBudget, FetchConfig, FetchStopped, SafeFetcher, build_fetch_client
 from research.models import FetchResult
 from research.netguard import AllowList
+from tests.fakes.clock import ManualClock, settle
 from tests.fakes.resolver import DictResolver
+from tests.fakes.scripted_site import ScriptedSite
 from tests.fakes.server import RecordedRequest, free_port
 from tests.fakes.web import (
     KIB,
@@ -72,8 +74,6 @@ def build_corpus() -> FakeWeb:
     for host in SLOW_HOSTS[1:]:
         web.add(f"http://{host}/page", Page(ARTICLE, latency=0.2))
     for number in range(3):
-        web.add(f"http://queue.example/page/{number}", Page(ARTICLE, latency=0.3))
-    for number in range(3):
         web.add(f"http://budget.example/page/{number}", Page(b"x" * 1000, content_type="text/plain"))
     return web
 
@@ -94,12 +94,13 @@ def web(corpus: FakeWeb) -> FakeWeb:
 async def make_fetcher(web: FakeWeb) -> AsyncIterator:
     clients: list[httpx.AsyncClient] = []
 
-    def make(budget: FetchBudget | None = None, **overrides: object) -> SafeFetcher:
+    def make(budget: FetchBudget | None = None, *, clock: ManualClock | None = None, **overrides: object) -> SafeFetcher:
         settings: dict[str, object] = {"allow_private": web.allow_list(), "page_timeout_seconds": 5.0, **overrides}
         config = FetchConfig.model_validate(settings)
         client = build_fetch_client(config)
         clients.append(client)
-        return SafeFetcher(client, web.resolver(), config, budget)
+        timing = {"clock": clock, "sleep": clock.sleep} if clock is not None else {}
+        return SafeFetcher(client, web.resolver(), config, budget, **timing)
 
     yield make
     for client in clients:
@@ -177,8 +178,18 @@ async def test_gzip_page_is_decoded_and_charged_at_its_compressed_size(web: Fake
     assert result.bytes_read < len(ARTICLE.encode())
 
 
+async def until_requested(web: FakeWeb, host: str, path: str) -> None:
+    """Return once the fake web (another thread) has received a request for `path`."""
+    while not web.requests_to(host, path):
+        await asyncio.sleep(0.01)
+
+
 async def test_dripping_server_is_stopped_at_the_page_timeout(web: FakeWeb, make_fetcher) -> None:
-    result = await make_fetcher(page_timeout_seconds=0.3).fetch(web.url("http://alpha.example/drip"))
+    clock = ManualClock()
+    fetch = asyncio.create_task(make_fetcher(page_timeout_seconds=0.3, clock=clock).fetch(web.url("http://alpha.example/drip")))
+    await until_requested(web, "alpha.example", "/drip")
+    clock.advance(0.3)
+    result = await fetch
 
     assert result.status == "failed"
     # The drip goes on for 30 s: a fetch that ended on this reason stopped at its timeout, not at the page's end.
@@ -348,14 +359,27 @@ async def test_pages_across_hosts_are_fetched_at_most_overall_limit_at_once(web:
     assert most_at_once(web.requests.all()) == 3
 
 
-async def test_waiting_for_a_busy_host_does_not_count_against_the_page_timeout(web: FakeWeb, make_fetcher) -> None:
-    fetcher = make_fetcher(max_per_host=1, page_timeout_seconds=0.6, respect_robots=False)
-    urls = [web.url(f"http://queue.example/page/{number}") for number in range(3)]
-
-    results = await asyncio.gather(*(fetcher.fetch(url) for url in urls))
+async def test_waiting_for_a_busy_host_does_not_count_against_the_page_timeout() -> None:
+    clock = ManualClock()
+    site = ScriptedSite(clock)
+    paths = [f"/page/{number}" for number in range(3)]
+    for path in paths:
+        site.hold(path)
+    config = FetchConfig(max_per_host=1, page_timeout_seconds=0.6, respect_robots=False)
+    async with build_fetch_client(config, transport=site.transport()) as client:
+        fetcher = SafeFetcher(client, DictResolver({"queue.example": ["93.184.216.34"]}), config,
+                              clock=clock, sleep=clock.sleep)
+        fetches = [asyncio.create_task(fetcher.fetch(f"http://queue.example{path}")) for path in paths]
+        await settle(lambda: fetcher.pace_of("queue.example").waiting == 2)
+        # Each page takes 0.5 s of the clock, so the last one waits 1 s for its turn: past 0.6 s, had it counted.
+        for served, path in enumerate(paths, start=1):
+            await site.wait_for_pages(served)
+            clock.advance(0.5)
+            site.release(path)
+        results = await asyncio.gather(*fetches)
 
     assert [result.status for result in results] == ["ok", "ok", "ok"]
-    assert most_at_once(web.requests_to("queue.example")) == 1
+    assert site.most_in_flight == 1
 
 
 async def test_byte_budget_cuts_the_run_and_later_fetches_are_skipped(web: FakeWeb, make_fetcher) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -15,6 +15,7 @@ from research.models import SearchQuery
 from research.providers import (
     BraveProvider,
     DuckDuckGoProvider,
+    FirecrawlProvider,
     SearchConfig,
     SearchProvider,
     SearchProviderError,
@@ -25,22 +26,13 @@ from research.providers.base import parse_published, parse_retry_after
 from tests.fakes.clock import FakeClock
 from tests.fakes.search_api import FakeSearchAPI
 
-HTTP_PROVIDERS = ["tavily", "brave", "exa", "searxng"]
+HTTP_PROVIDERS = ["tavily", "brave", "exa", "searxng", "firecrawl"]
 HTML_ERROR_PAGE = "<!DOCTYPE html><html><head><title>502 Bad Gateway</title></head><body>cloudflare</body></html>"
 
 
-@pytest.fixture
-def api() -> FakeSearchAPI:
-    return FakeSearchAPI()
-
-
-@pytest.fixture
-async def http(api: FakeSearchAPI) -> AsyncIterator[httpx.AsyncClient]:
-    async with api.client() as client:
-        yield client
-
-
 def provider_for(name: str, api: FakeSearchAPI, http: httpx.AsyncClient, **overrides: Any) -> SearchProvider:
+    if name == "firecrawl":  # the fake leaves Firecrawl unconfigured unless asked, as it is also the scrape fallback
+        overrides = {"firecrawl_api_key": api.api_keys["firecrawl"], **overrides}
     return build_provider(name, api.search_config(**overrides), http=http)  # type: ignore[arg-type]
 
 
@@ -66,7 +58,7 @@ async def test_results_are_normalised_to_search_results(name: str, api: FakeSear
     assert all(result.id == "" for result in results), "ids are the run's to assign"
     if name != "exa":  # Exa is asked for no page text, so it has no snippet
         assert [result.snippet for result in results] == ["first", "second"]
-    if name != "brave":  # Brave reports no relevance score
+    if name not in ("brave", "firecrawl"):  # Brave and Firecrawl report no relevance score
         assert results[0].score == pytest.approx(0.9)
 
 
@@ -176,12 +168,14 @@ async def test_transport_failures_are_timeouts_or_unavailable(
     assert error.kind == kind
 
 
-@pytest.mark.parametrize("name", ["tavily", "brave", "exa"])
+@pytest.mark.parametrize("name", ["tavily", "brave", "exa", "firecrawl"])
 async def test_keyed_providers_send_their_key(name: str, api: FakeSearchAPI, http: httpx.AsyncClient) -> None:
     await provider_for(name, api, http).search(SearchQuery(text="q"))
     headers = api.requests(name)[-1].headers
-    sent = {"tavily": headers.get("authorization"), "brave": headers.get("x-subscription-token"), "exa": headers.get("x-api-key")}
-    assert sent[name] == {"tavily": "Bearer tvly-fake-key", "brave": "brave-fake-key", "exa": "exa-fake-key"}[name]
+    sent = {"tavily": headers.get("authorization"), "brave": headers.get("x-subscription-token"),
+            "exa": headers.get("x-api-key"), "firecrawl": headers.get("authorization")}
+    assert sent[name] == {"tavily": "Bearer tvly-fake-key", "brave": "brave-fake-key", "exa": "exa-fake-key",
+                          "firecrawl": "Bearer fc-fake-key"}[name]
 
 
 @pytest.mark.parametrize("name", ["tavily", "exa"])
@@ -191,7 +185,7 @@ async def test_sdk_providers_leave_the_shared_client_headers_alone(name: str, ap
     assert dict(http.headers) == before
 
 
-@pytest.mark.parametrize("name", ["tavily", "brave", "exa"])
+@pytest.mark.parametrize("name", ["tavily", "brave", "exa", "firecrawl"])
 async def test_wrong_key_is_an_auth_failure(name: str) -> None:
     api = FakeSearchAPI(api_keys={name: "the-right-key"})
     async with api.client() as client:
@@ -199,7 +193,7 @@ async def test_wrong_key_is_an_auth_failure(name: str) -> None:
         assert (await failure_of(provider)).kind == "auth"
 
 
-@pytest.mark.parametrize("name", ["tavily", "brave", "exa"])
+@pytest.mark.parametrize("name", ["tavily", "brave", "exa", "firecrawl"])
 @pytest.mark.parametrize("key", [None, "", "   "])
 async def test_missing_or_blank_key_means_not_configured(name: str, key: str | None, http: httpx.AsyncClient) -> None:
     config = SearchConfig(**{f"{name}_api_key": key})
@@ -354,6 +348,70 @@ async def test_searxng_403_says_json_output_is_disabled(api: FakeSearchAPI, http
 async def test_searxng_results_are_cut_to_the_requested_count(api: FakeSearchAPI, http: httpx.AsyncClient) -> None:
     api.set_results("searxng", [{"url": f"https://a.org/{index}", "title": str(index)} for index in range(30)])
     assert len(await provider_for("searxng", api, http).search(SearchQuery(text="q", max_results=4))) == 4
+
+
+# -- Firecrawl search ------------------------------------------------------------------------------------------------
+
+
+async def test_firecrawl_request_asks_for_markdown_with_domains_and_time_filter(api: FakeSearchAPI, http: httpx.AsyncClient) -> None:
+    provider = FirecrawlProvider(http, api_key="fc-fake-key", base_url=api.base_url("firecrawl"),
+                                 today=lambda: dt.date(2024, 6, 30))
+    await provider.search(SearchQuery(text="heat pumps", max_results=7, blocked_domains=["spam.com"],
+                                      preferred_domains=["gov.uk"], since=dt.date(2024, 6, 25)))
+    request = api.requests("firecrawl")[-1]
+    assert (request.method, request.path) == ("POST", "/firecrawl/v2/search")
+    sent = api.last_request_data("firecrawl")
+    assert (sent["query"], sent["limit"], sent["sources"]) == ("heat pumps", 7, ["web"])
+    assert sent["scrapeOptions"] == {"formats": ["markdown"], "onlyMainContent": True}
+    assert (sent["excludeDomains"], sent["tbs"]) == (["spam.com"], "qdr:w")
+    assert "includeDomains" not in sent, "preferring a domain must not restrict Firecrawl to it"
+
+
+async def test_firecrawl_restricts_to_preferred_domains_when_configured(api: FakeSearchAPI, http: httpx.AsyncClient) -> None:
+    provider = provider_for("firecrawl", api, http, restrict_to_preferred=True)
+    await provider.search(SearchQuery(text="q", preferred_domains=["gov.uk"], blocked_domains=["spam.com"]))
+    sent = api.last_request_data("firecrawl")
+    assert sent["includeDomains"] == ["gov.uk"] and "excludeDomains" not in sent, "Firecrawl refuses both lists at once"
+
+
+async def test_firecrawl_markdown_is_kept_as_the_results_text(api: FakeSearchAPI, http: httpx.AsyncClient) -> None:
+    api.set_results("firecrawl", [
+        {"url": "https://a.org/x", "title": "X", "snippet": "about x", "markdown": "# X\n\nThe whole page.",
+         "published": "2024-01-15T10:00:00Z"},
+        {"url": "https://b.org/y", "title": "Y", "snippet": "about y"},
+        {"url": "https://c.org/gone", "title": "Gone", "markdown": "# 404 Not Found", "status_code": 404},
+    ])
+    results = await provider_for("firecrawl", api, http).search(SearchQuery(text="q"))
+    assert [(result.url, result.content) for result in results] == [
+        ("https://a.org/x", "# X\n\nThe whole page."), ("https://b.org/y", None), ("https://c.org/gone", None),
+    ]
+    assert (results[0].snippet, results[0].published) == ("about x", dt.date(2024, 1, 15))
+    assert "content" not in results[0].model_dump(), "page text is read, never stored with the source"
+
+
+async def test_firecrawl_scraped_hit_without_top_level_fields_reads_its_metadata(api: FakeSearchAPI, http: httpx.AsyncClient) -> None:
+    api.set_response("firecrawl", body={"success": True, "data": {"web": [
+        {"markdown": "text", "metadata": {"sourceURL": "https://a.org/x", "title": "From metadata", "statusCode": 200}},
+    ]}})
+    [result] = await provider_for("firecrawl", api, http).search(SearchQuery(text="q"))
+    assert (result.url, result.title, result.content) == ("https://a.org/x", "From metadata", "text")
+
+
+async def test_firecrawl_reply_without_web_results_is_empty(api: FakeSearchAPI, http: httpx.AsyncClient) -> None:
+    api.set_response("firecrawl", body={"success": True, "data": {}})
+    assert await provider_for("firecrawl", api, http).search(SearchQuery(text="q")) == []
+
+
+async def test_firecrawl_unsuccessful_reply_is_rejected_with_its_error(api: FakeSearchAPI, http: httpx.AsyncClient) -> None:
+    api.set_response("firecrawl", body={"success": False, "error": "Invalid query"})
+    error = await failure_of(provider_for("firecrawl", api, http))
+    assert (error.kind, error.detail) == ("rejected", "Invalid query")
+
+
+async def test_firecrawl_402_is_spent_credits_that_disable_it(api: FakeSearchAPI, http: httpx.AsyncClient) -> None:
+    api.set_failure("firecrawl", status=402)
+    error = await failure_of(provider_for("firecrawl", api, http))
+    assert (error.kind, error.status, error.retryable, error.disables_provider) == ("payment", 402, False, True)
 
 
 # -- DuckDuckGo (ddgs, through an injected callable) ----------------------------------------------------------------

@@ -46,6 +46,15 @@ def test_parsed_rules_use_our_group_over_the_wildcard() -> None:
     assert rules.refusal("http://site.example/private/press/release", "otherbot") is None
 
 
+def test_crawl_delay_is_read_for_our_group_and_absent_when_not_asked() -> None:
+    rules = rules_from_answer(RobotsAnswer(http_status=200, body="User-agent: *\nCrawl-delay: 2.5\n\nUser-agent: deepthread\nCrawl-delay: 7\n"))
+
+    assert rules.crawl_delay("deepthread") == 7.0
+    assert rules.crawl_delay("otherbot") == 2.5
+    assert rules_from_answer(RobotsAnswer(http_status=200, body=ROBOTS)).crawl_delay("deepthread") is None
+    assert rules_from_answer(RobotsAnswer(http_status=404)).crawl_delay("deepthread") is None
+
+
 @pytest.mark.parametrize("status", [400, 401, 403, 404, 410])
 def test_client_error_robots_allows_everything(status: int) -> None:
     rules = rules_from_answer(RobotsAnswer(http_status=status))

@@ -3,66 +3,27 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 
-from research.events import ProviderCall, ProviderError, ProviderResult
+from research.events import ProviderCall, ProviderResult
 from research.limits import InMemoryCircuitBreaker
 from research.models import SearchQuery
 from research.providers import NoSearchProviderError, SearchRouter, build_router
 from research.sources import SourceRegistry
+from tests.fakes.clock import FakeClock
+from tests.fakes.event_recorder import EventRecorder
 from tests.fakes.search_api import FakeSearchAPI
 
 
-class Recorder:
-    """Collects emitted events and requested sleeps (which return at once)."""
-
-    def __init__(self) -> None:
-        self.events: list[Any] = []
-        self.sleeps: list[float] = []
-
-    async def emit(self, event: Any) -> None:
-        self.events.append(event)
-
-    async def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-
-    def calls(self) -> list[str]:
-        return [event.provider for event in self.events if isinstance(event, ProviderCall)]
-
-    def errors(self, *, skipped: bool) -> list[tuple[str, str]]:
-        return [(event.provider, event.reason) for event in self.events
-                if isinstance(event, ProviderError) and event.skipped is skipped]
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
-def api() -> FakeSearchAPI:
-    return FakeSearchAPI()
+def recorder() -> EventRecorder:
+    return EventRecorder()
 
 
-@pytest.fixture
-async def http(api: FakeSearchAPI) -> AsyncIterator[httpx.AsyncClient]:
-    async with api.client() as client:
-        yield client
-
-
-@pytest.fixture
-def recorder() -> Recorder:
-    return Recorder()
-
-
-def make_router(api: FakeSearchAPI, http: httpx.AsyncClient, recorder: Recorder, **overrides: Any) -> SearchRouter:
+def make_router(api: FakeSearchAPI, http: httpx.AsyncClient, recorder: EventRecorder, **overrides: Any) -> SearchRouter:
     """A router over the fake with no rate-limit spacing (unless overridden) and instant sleeps."""
     extra = {name: overrides.pop(name) for name in ("breaker", "ddgs_search", "registry", "limiter") if name in overrides}
     extra.setdefault("ddgs_search", no_real_duckduckgo)
@@ -82,7 +43,7 @@ def hits(*urls: str, published: str | None = None) -> list[dict[str, Any]]:
 
 
 async def test_first_configured_provider_answers_and_later_ones_are_not_called(
-    api: FakeSearchAPI, http: httpx.AsyncClient, recorder: Recorder,
+    api: FakeSearchAPI, http: httpx.AsyncClient, recorder: EventRecorder,
 ) -> None:
     router = make_router(api, http, recorder, providers=["brave", "tavily", "exa"])
     results = await router.search([SearchQuery(text="heat pumps")])
@@ -92,7 +53,7 @@ async def test_first_configured_provider_answers_and_later_ones_are_not_called(
 
 
 async def test_failing_provider_falls_back_to_the_next_in_order(
-    api: FakeSearchAPI, http: httpx.AsyncClient, recorder: Recorder,
+    api: FakeSearchAPI, http: httpx.AsyncClient, recorder: EventRecorder,
 ) -> None:
     api.set_failure("tavily", status=500, times=None)
     api.set_response("brave", body="<html>gateway</html>")
@@ -104,7 +65,7 @@ async def test_failing_provider_falls_back_to_the_next_in_order(
     assert api.requests("searxng") == []
 
 
-async def test_duckduckgo_is_the_last_fallback(api: FakeSearchAPI, http: httpx.AsyncClient, recorder: Recorder) -> None:
+async def test_duckduckgo_is_the_last_fallback(api: FakeSearchAPI, http: httpx.AsyncClient, recorder: EventRecorder) -> None:
     def ddgs_search(query: str, *, max_results: int, timelimit: str | None) -> list[dict[str, Any]]:
         return [{"title": "From DDG", "href": "https://ddg.example/x", "body": "ddg snippet"}]
 
@@ -114,21 +75,21 @@ async def test_duckduckgo_is_the_last_fallback(api: FakeSearchAPI, http: httpx.A
     assert [(result.id, result.provider, result.url) for result in results] == [("s1", "duckduckgo", "https://ddg.example/x")]
 
 
-async def test_auto_uses_configured_providers_in_documented_order(api: FakeSearchAPI, http: httpx.AsyncClient, recorder: Recorder) -> None:
+async def test_auto_uses_configured_providers_in_documented_order(api: FakeSearchAPI, http: httpx.AsyncClient, recorder: EventRecorder) -> None:
     router = make_router(api, http, recorder, providers="auto", tavily_api_key=None, exa_api_key="")
     assert router.provider_names == ["brave", "searxng", "duckduckgo"]
     await router.search([SearchQuery(text="q")])
     assert recorder.errors(skipped=True) == [], "auto mode does not report providers it never meant to use"
 
 
-async def test_empty_answer_counts_as_an_answer(api: FakeSearchAPI, http: httpx.AsyncClient, recorder: Recorder) -> None:
+async def test_empty_answer_counts_as_an_answer(api: FakeSearchAPI, http: httpx.AsyncClient, recorder: EventRecorder) -> None:
     api.set_results("tavily", [])
     router = make_router(api, http, recorder, providers=["tavily", "brave"])
     assert await router.search([SearchQuery(text="q")]) == []
     assert recorder.calls() == ["tavily"]
 
 
-async def test_every_provider_failing_raises_with_the_reasons(api: FakeSearchAPI, http: httpx.AsyncClient, recorder: Recorder) -> None:
+async def test_every_provider_failing_raises_with_the_reasons(api: FakeSearchAPI, http: httpx.AsyncClient, recorder: EventRecorder) -> None:
     api.set_failure("tavily", status=401)
     api.set_failure("brave", status=429, headers={"Retry-After": "999"})
     router = make_router(api, http, recorder, providers=["tavily", "brave"])
@@ -138,14 +99,14 @@ async def test_every_provider_failing_raises_with_the_reasons(api: FakeSearchAPI
     assert "brave: rate limited" in str(caught.value)
 
 
-async def test_no_usable_provider_raises(api: FakeSearchAPI, http: httpx.AsyncClient, recorder: Recorder) -> None:
+async def test_no_usable_provider_raises(api: FakeSearchAPI, http: httpx.AsyncClient, recorder: EventRecorder) -> None:
     router = make_router(api, http, recorder, providers=["tavily"], tavily_api_key=None)
     with pytest.raises(NoSearchProviderError):
         await router.search([SearchQuery(text="q")])
 
 
 async def test_one_query_failing_everywhere_does_not_sink_the_others(
-    api: FakeSearchAPI, http: httpx.AsyncClient, recorder: Recorder,
+    api: FakeSearchAPI, http: httpx.AsyncClient, recorder: EventRecorder,
 ) -> None:
     api.set_results("brave", lambda query: [] if query == "bad" else hits("https://a.org/good"))
     api.set_failure("brave", status=422, times=1)
@@ -157,7 +118,7 @@ async def test_one_query_failing_everywhere_does_not_sink_the_others(
 # -- retries --------------------------------------------------------------------------------------------------------
 
 
-async def test_brave_429_retry_after_is_honoured(api: FakeSearchAPI, http: httpx.AsyncClient, recorder: Recorder) -> None:
+async def test_brave_429_retry_after_is_honoured(api: FakeSearchAPI, http: httpx.AsyncClient, recorder: EventRecorder) -> None:
     api.set_failure("brave", status=429, headers={"Retry-After": "2"}, times=2)
     router = make_router(api, http, recorder, providers=["brave", "exa"])
     results = await router.search([SearchQuery(text="q")])
@@ -166,7 +127,7 @@ async def test_brave_429_retry_after_is_honoured(api: FakeSearchAPI, http: httpx
     assert router.calls["brave"] == 3 and router.calls["exa"] == 0
 
 
-async def test_5xx_is_retried_with_exponential_backoff(api: FakeSearchAPI, http: httpx.AsyncClient, recorder: Recorder) -> None:
+async def test_5xx_is_retried_with_exponential_backoff(api: FakeSearchAPI, http: httpx.AsyncClient, recorder: EventRecorder) -> None:
     api.set_failure("tavily", status=503, times=3)
     router = make_router(api, http, recorder, providers=["tavily", "brave"], max_attempts=4, backoff_base_seconds=0.5)
     results = await router.search([SearchQuery(text="q")])
@@ -174,7 +135,7 @@ async def test_5xx_is_retried_with_exponential_backoff(api: FakeSearchAPI, http:
     assert {result.provider for result in results} == {"tavily"}
 
 
-async def test_backoff_is_capped(api: FakeSearchAPI, http: httpx.AsyncClient, recorder: Recorder) -> None:
+async def test_backoff_is_capped(api: FakeSearchAPI, http: httpx.AsyncClient, recorder: EventRecorder) -> None:
     api.set_failure("tavily", status=500, times=None)
     router = make_router(api, http, recorder, providers=["tavily", "brave"], max_attempts=5,
                          backoff_base_seconds=4, max_retry_wait_seconds=10)
@@ -183,7 +144,7 @@ async def test_backoff_is_capped(api: FakeSearchAPI, http: httpx.AsyncClient, re
 
 
 async def test_retry_after_beyond_the_cap_falls_back_without_waiting(
-    api: FakeSearchAPI, http: httpx.AsyncClient, recorder: Recorder,
+    api: FakeSearchAPI, http: httpx.AsyncClient, recorder: EventRecorder,
 ) -> None:
     api.set_failure("brave", status=429, headers={"Retry-After": "3600"})
     router = make_router(api, http, recorder, providers=["brave", "exa"], max_retry_wait_seconds=30)
@@ -194,7 +155,7 @@ async def test_retry_after_beyond_the_cap_falls_back_without_waiting(
 
 
 @pytest.mark.parametrize("status", [400, 401, 403])
-async def test_client_errors_are_not_retried(status: int, api: FakeSearchAPI, http: httpx.AsyncClient, recorder: Recorder) -> None:
+async def test_client_errors_are_not_retried(status: int, api: FakeSearchAPI, http: httpx.AsyncClient, recorder: EventRecorder) -> None:
     api.set_failure("exa", status=status)
     router = make_router(api, http, recorder, providers=["exa", "brave"])
     await router.search([SearchQuery(text="q")])
@@ -206,7 +167,7 @@ async def test_client_errors_are_not_retried(status: int, api: FakeSearchAPI, ht
 
 
 async def test_fanout_sends_each_query_to_every_provider_and_merges_duplicates(
-    api: FakeSearchAPI, http: httpx.AsyncClient, recorder: Recorder,
+    api: FakeSearchAPI, http: httpx.AsyncClient, recorder: EventRecorder,
 ) -> None:
     router = make_router(api, http, recorder, providers=["tavily", "brave", "exa", "searxng"], fanout=True)
     results = await router.search([SearchQuery(text="heat pumps")])
@@ -218,7 +179,7 @@ async def test_fanout_sends_each_query_to_every_provider_and_merges_duplicates(
 
 
 async def test_fanout_keeps_the_answers_of_providers_that_did_not_fail(
-    api: FakeSearchAPI, http: httpx.AsyncClient, recorder: Recorder,
+    api: FakeSearchAPI, http: httpx.AsyncClient, recorder: EventRecorder,
 ) -> None:
     api.set_failure("tavily", status=401)
     api.set_results("brave", hits("https://brave.example/1"))
@@ -230,7 +191,7 @@ async def test_fanout_keeps_the_answers_of_providers_that_did_not_fail(
 
 
 async def test_fanout_over_several_queries_assigns_ids_in_query_then_provider_order(
-    api: FakeSearchAPI, http: httpx.AsyncClient, recorder: Recorder,
+    api: FakeSearchAPI, http: httpx.AsyncClient, recorder: EventRecorder,
 ) -> None:
     api.set_latency("brave", 0.02)  # brave answers last, yet its hits for the first query come before the second query's
     api.set_results("brave", lambda query: hits(f"https://brave.example/{query}"))
@@ -247,7 +208,7 @@ async def test_fanout_over_several_queries_assigns_ids_in_query_then_provider_or
 
 
 async def test_unconfigured_providers_are_reported_skipped_once_per_run(
-    api: FakeSearchAPI, http: httpx.AsyncClient, recorder: Recorder,
+    api: FakeSearchAPI, http: httpx.AsyncClient, recorder: EventRecorder,
 ) -> None:
     router = make_router(api, http, recorder, providers=["tavily", "brave", "searxng"], tavily_api_key=None, searxng_url=None)
     await router.search([SearchQuery(text="one")])
@@ -258,7 +219,7 @@ async def test_unconfigured_providers_are_reported_skipped_once_per_run(
     assert set(recorder.calls()) == {"brave"}
 
 
-async def test_events_describe_each_call_and_its_result(api: FakeSearchAPI, http: httpx.AsyncClient, recorder: Recorder) -> None:
+async def test_events_describe_each_call_and_its_result(api: FakeSearchAPI, http: httpx.AsyncClient, recorder: EventRecorder) -> None:
     router = make_router(api, http, recorder, providers=["brave"])
     await router.search([SearchQuery(text="heat pumps")])
     call, result = recorder.events
@@ -266,7 +227,7 @@ async def test_events_describe_each_call_and_its_result(api: FakeSearchAPI, http
     assert isinstance(result, ProviderResult) and (result.provider, result.results, result.phase) == ("brave", 3, "search")
 
 
-async def test_usage_counts_every_attempt_and_result(api: FakeSearchAPI, http: httpx.AsyncClient, recorder: Recorder) -> None:
+async def test_usage_counts_every_attempt_and_result(api: FakeSearchAPI, http: httpx.AsyncClient, recorder: EventRecorder) -> None:
     api.set_failure("brave", status=500, times=1)
     router = make_router(api, http, recorder, providers=["brave", "exa"])
     await router.search([SearchQuery(text="one"), SearchQuery(text="two")])
@@ -276,7 +237,7 @@ async def test_usage_counts_every_attempt_and_result(api: FakeSearchAPI, http: h
     assert router.calls == {"brave": 3, "exa": 0}
 
 
-async def test_rejected_key_disables_the_provider_for_the_run(api: FakeSearchAPI, http: httpx.AsyncClient, recorder: Recorder) -> None:
+async def test_rejected_key_disables_the_provider_for_the_run(api: FakeSearchAPI, http: httpx.AsyncClient, recorder: EventRecorder) -> None:
     api.set_failure("tavily", status=401, times=None)
     router = make_router(api, http, recorder, providers=["tavily", "brave"])
     await router.search([SearchQuery(text="one")])
@@ -285,7 +246,7 @@ async def test_rejected_key_disables_the_provider_for_the_run(api: FakeSearchAPI
     assert recorder.errors(skipped=True) == [("tavily", "authentication failed (HTTP 401)")]
 
 
-async def test_brave_calls_are_spaced_by_the_rate_limiter(api: FakeSearchAPI, http: httpx.AsyncClient, recorder: Recorder) -> None:
+async def test_brave_calls_are_spaced_by_the_rate_limiter(api: FakeSearchAPI, http: httpx.AsyncClient, recorder: EventRecorder) -> None:
     router = make_router(api, http, recorder, providers=["brave"], min_interval_seconds={"brave": 1.0})
     await router.search([SearchQuery(text=f"query {index}") for index in range(3)])
     assert recorder.sleeps == [pytest.approx(1.0, abs=0.2), pytest.approx(2.0, abs=0.2)]
@@ -295,9 +256,9 @@ async def test_brave_calls_are_spaced_by_the_rate_limiter(api: FakeSearchAPI, ht
 
 
 async def test_circuit_breaker_opens_after_repeated_failures_and_closes_after_a_good_probe(
-    api: FakeSearchAPI, http: httpx.AsyncClient, recorder: Recorder,
+    api: FakeSearchAPI, http: httpx.AsyncClient, recorder: EventRecorder,
 ) -> None:
-    clock = FakeClock()
+    clock = FakeClock(start=0.0)
     breaker = InMemoryCircuitBreaker(failure_threshold=2, cooldown=60, clock=clock)
     api.set_failure("exa", status=500, times=2)
     router = make_router(api, http, recorder, providers=["exa", "brave"], max_attempts=1, breaker=breaker, concurrency=1)
@@ -314,8 +275,8 @@ async def test_circuit_breaker_opens_after_repeated_failures_and_closes_after_a_
     assert breaker.state("exa") == "closed"
 
 
-async def test_breaker_is_shared_across_routers(api: FakeSearchAPI, http: httpx.AsyncClient, recorder: Recorder) -> None:
-    breaker = InMemoryCircuitBreaker(failure_threshold=1, cooldown=60, clock=FakeClock())
+async def test_breaker_is_shared_across_routers(api: FakeSearchAPI, http: httpx.AsyncClient, recorder: EventRecorder) -> None:
+    breaker = InMemoryCircuitBreaker(failure_threshold=1, cooldown=60, clock=FakeClock(start=0.0))
     api.set_failure("exa", status=500)
     await make_router(api, http, recorder, providers=["exa", "brave"], max_attempts=1, breaker=breaker).search([SearchQuery(text="a")])
     second_run = make_router(api, http, recorder, providers=["exa", "brave"], breaker=breaker)
@@ -328,7 +289,7 @@ async def test_breaker_is_shared_across_routers(api: FakeSearchAPI, http: httpx.
 
 
 async def test_results_are_deduplicated_across_queries_and_url_variants(
-    api: FakeSearchAPI, http: httpx.AsyncClient, recorder: Recorder,
+    api: FakeSearchAPI, http: httpx.AsyncClient, recorder: EventRecorder,
 ) -> None:
     api.set_results("brave", lambda query: hits("https://a.org/x?utm_source=" + query, "https://A.org/x#" + query, f"https://b.org/{query}"))
     router = make_router(api, http, recorder, providers=["brave"])
@@ -342,7 +303,7 @@ async def test_results_are_deduplicated_across_queries_and_url_variants(
 
 
 async def test_blocked_domains_are_sent_to_providers_and_enforced_on_results(
-    api: FakeSearchAPI, http: httpx.AsyncClient, recorder: Recorder,
+    api: FakeSearchAPI, http: httpx.AsyncClient, recorder: EventRecorder,
 ) -> None:
     api.set_results("tavily", hits("https://spam.com/a", "https://www.spam.com/b", "https://junk.net/c", "https://ok.org/d"))
     router = make_router(api, http, recorder, providers=["tavily"], blocked_domains=["spam.com"])
@@ -351,7 +312,7 @@ async def test_blocked_domains_are_sent_to_providers_and_enforced_on_results(
     assert api.last_request_data("tavily")["exclude_domains"] == ["spam.com", "junk.net"]
 
 
-async def test_preferred_domains_rank_first(api: FakeSearchAPI, http: httpx.AsyncClient, recorder: Recorder) -> None:
+async def test_preferred_domains_rank_first(api: FakeSearchAPI, http: httpx.AsyncClient, recorder: EventRecorder) -> None:
     api.set_results("brave", hits("https://blog.com/a", "https://www.nature.com/b", "https://news.com/c"))
     router = make_router(api, http, recorder, providers=["brave"], preferred_domains=["nature.com"])
     results = await router.search([SearchQuery(text="q")])
@@ -360,13 +321,13 @@ async def test_preferred_domains_rank_first(api: FakeSearchAPI, http: httpx.Asyn
     ]
 
 
-async def test_restricting_to_preferred_domains_drops_the_rest(api: FakeSearchAPI, http: httpx.AsyncClient, recorder: Recorder) -> None:
+async def test_restricting_to_preferred_domains_drops_the_rest(api: FakeSearchAPI, http: httpx.AsyncClient, recorder: EventRecorder) -> None:
     api.set_results("searxng", hits("https://blog.com/a", "https://www.nature.com/b"))
     router = make_router(api, http, recorder, providers=["searxng"], preferred_domains=["nature.com"], restrict_to_preferred=True)
     assert [result.url for result in await router.search([SearchQuery(text="q")])] == ["https://www.nature.com/b"]
 
 
-async def test_time_range_is_sent_and_older_results_dropped(api: FakeSearchAPI, http: httpx.AsyncClient, recorder: Recorder) -> None:
+async def test_time_range_is_sent_and_older_results_dropped(api: FakeSearchAPI, http: httpx.AsyncClient, recorder: EventRecorder) -> None:
     api.set_results("exa", lambda query: [
         *hits("https://a.org/old", published="2019-05-01T00:00:00.000Z"),
         *hits("https://a.org/new", published="2024-05-01T00:00:00.000Z"),
@@ -379,7 +340,7 @@ async def test_time_range_is_sent_and_older_results_dropped(api: FakeSearchAPI, 
 
 
 async def test_configured_result_count_applies_unless_the_query_sets_one(
-    api: FakeSearchAPI, http: httpx.AsyncClient, recorder: Recorder,
+    api: FakeSearchAPI, http: httpx.AsyncClient, recorder: EventRecorder,
 ) -> None:
     router = make_router(api, http, recorder, providers=["brave"], max_results=12)
     await router.search([SearchQuery(text="q")])
@@ -388,7 +349,7 @@ async def test_configured_result_count_applies_unless_the_query_sets_one(
     assert api.requests("brave")[-1].query["count"] == "3"
 
 
-async def test_search_one_returns_a_querys_sources_in_rank_order(api: FakeSearchAPI, http: httpx.AsyncClient, recorder: Recorder) -> None:
+async def test_search_one_returns_a_querys_sources_in_rank_order(api: FakeSearchAPI, http: httpx.AsyncClient, recorder: EventRecorder) -> None:
     registry = SourceRegistry()
     registry.add_results([])
     api.set_results("brave", lambda query: hits("https://b.org/2", "https://a.org/1") if query == "second" else hits("https://a.org/1"))

@@ -1,0 +1,174 @@
+"""Gathering overlaps its steps: the question is searched while decomposition runs, and a page is read as it arrives.
+
+In-process fakes only: the model and the search API answer through their real wire formats in this event loop,
+and the pages come from httpx.MockTransport, so each overlap is proved by one fake waiting on what the other did.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
+from typing import Any
+
+import httpx
+
+from research import engine
+from research.budget import ResearchOptions
+from research.engine import ResearchTools
+from research.extract import extract_document
+from research.fetch import FetchConfig
+from research.llm import LLMClient
+from tests.fakes.llm import ChatRequest, FakeLLM, HandlerResult, decomposition, default_research_model
+from tests.fakes.resolver import DictResolver
+from tests.fakes.search_api import FakeSearchAPI
+from tests.fakes.web import article_html
+
+QUESTION = "How much energy did the Zorblax tidal turbines deliver?"
+PLANNED_QUERY = "Zorblax turbine energy output"
+ADDRESSES = {"question.example": ["93.184.216.34"], "plan.example": ["93.184.216.35"],
+             "fast.example": ["93.184.216.36"], "slow.example": ["93.184.216.37"]}
+# Long enough for the extractor to keep it as the page's main text.
+FILLER = ("Engineers inspected the moorings, cables and monitoring equipment several times during the season, "
+          "and the project team explained to visitors how tidal streams differ from waves.")
+
+
+def page(host: str, number: str) -> str:
+    return article_html(f"Zorblax report from {host}", [f"The Zorblax array on {host} delivered {number} kilowatt hours. "
+                                                        + FILLER] * 3)
+
+
+def hit(url: str) -> dict[str, Any]:
+    return {"url": url, "title": f"Report at {url}", "snippet": "Zorblax turbines delivered energy."}
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+
+    async def __call__(self, event: Any) -> None:
+        self.events.append(event)
+
+    def phases_started(self) -> list[str]:
+        return [event.phase for event in self.events if event.type == "phase_started"]
+
+
+class Site:
+    """Pages by host behind httpx.MockTransport; a page may wait for an event before it answers."""
+
+    def __init__(self, pages: dict[str, str], *, held_until: dict[str, asyncio.Event] | None = None) -> None:
+        self.pages = pages
+        self.held_until = held_until or {}
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        host = request.headers["host"]
+        if host in self.held_until:
+            await self.held_until[host].wait()
+        if host not in self.pages:
+            return httpx.Response(404, text="not found")
+        return httpx.Response(200, html=self.pages[host])
+
+
+class InlinePool(Executor):
+    """Runs CPU work at once, in the caller, and reports the URL of every page whose extraction starts."""
+
+    def __init__(self, on_extraction: Callable[[str], None]) -> None:
+        self.on_extraction = on_extraction
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        if getattr(fn, "func", None) is extract_document:
+            self.on_extraction(fn.args[0])  # type: ignore[attr-defined]
+        future: Future[Any] = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as error:  # noqa: BLE001 - handed back to the awaiting coroutine
+            future.set_exception(error)
+        return future
+
+
+def tools_for(model: FakeLLM, search: FakeSearchAPI, site: Site, *, cpu_pool: Executor | None = None) -> ResearchTools:
+    return ResearchTools(
+        llm=LLMClient(model.config(), http_client=model.http_client()),
+        # Brave's one-call-a-second pacing is its plan's policy, not what these tests are about.
+        search_config=search.search_config(providers=["brave"], min_interval_seconds={}),
+        search_http=search.client(),
+        resolver=DictResolver(ADDRESSES),
+        fetch_config=FetchConfig(respect_robots=False, page_timeout_seconds=5.0),
+        fetch_transport=httpx.MockTransport(site),
+        cpu_pool=cpu_pool,
+    )
+
+
+def test_the_question_is_searched_while_decomposition_runs_and_its_results_join_the_first_round() -> None:
+    async def main() -> tuple[Any, Recorder, engine.ResearchState, list[str], FakeLLM]:
+        question_searched = asyncio.Event()
+        searched: list[str] = []
+
+        def results_for(provider: str, query: str) -> list[dict[str, Any]]:
+            searched.append(query)
+            if query == QUESTION:
+                question_searched.set()
+                return [hit("https://question.example/report")]
+            return [hit("https://plan.example/report")]
+
+        async def decomposing_after_the_question_search(request: ChatRequest) -> HandlerResult:
+            if request.schema_name == "decomposition":
+                # The plan is given only once the question's own search has reached the API: the two overlap.
+                await asyncio.wait_for(question_searched.wait(), timeout=10)  # a hang guard, not a timing bound
+                return decomposition([PLANNED_QUERY])(request)
+            return default_research_model(request)
+
+        model = FakeLLM(decomposing_after_the_question_search)
+        site = Site({"question.example": page("question.example", "4,411"), "plan.example": page("plan.example", "5,522")})
+        tools = tools_for(model, FakeSearchAPI(results_for=results_for), site)
+        recorder, state = Recorder(), engine.ResearchState()
+        options = ResearchOptions(max_seconds=30, max_rounds=1, max_sources=4, max_searches=4)
+        report = await engine.research(QUESTION, options=options, tools=tools, events=recorder, state=state)
+        return report, recorder, state, searched, model
+
+    report, recorder, state, searched, model = asyncio.run(main())
+
+    assert not model.handler_errors
+    assert report is not None and recorder.events[-1].type == "complete"
+    assert searched == [QUESTION, PLANNED_QUERY]
+    # One round: the question's result was fetched and read in it, listed first, beside the plan's.
+    assert [state.sources[source_id].url for source_id in sorted(state.documents)] == [
+        "https://question.example/report", "https://plan.example/report"]
+    assert recorder.phases_started() == ["decompose", "search", "fetch", "read", "synthesize", "verify"]
+    # No model call was added: one decomposition and one report (citations pass the lexical check).
+    assert [request.schema_name for request in model.chat_requests] == ["decomposition", None]
+
+
+def test_a_page_is_read_as_soon_as_it_arrives_while_slower_pages_are_still_being_fetched() -> None:
+    async def main() -> tuple[Any, Recorder, engine.ResearchState, list[str]]:
+        fast_page_read = asyncio.Event()
+        extracted: list[str] = []
+
+        def on_extraction(url: str) -> None:
+            extracted.append(url)
+            if "fast.example" in url:
+                fast_page_read.set()
+
+        def results_for(provider: str, query: str) -> list[dict[str, Any]]:
+            return [hit("https://fast.example/report"), hit("https://slow.example/report")]
+
+        # The slow page answers only once the fast one is being read: reading waited for no round to end.
+        site = Site({"fast.example": page("fast.example", "6,633"), "slow.example": page("slow.example", "7,744")},
+                    held_until={"slow.example": fast_page_read})
+        model = FakeLLM(lambda request: decomposition([PLANNED_QUERY])(request) if request.schema_name == "decomposition"
+                        else default_research_model(request))
+        tools = tools_for(model, FakeSearchAPI(results_for=results_for), site, cpu_pool=InlinePool(on_extraction))
+        recorder, state = Recorder(), engine.ResearchState()
+        options = ResearchOptions(max_seconds=30, max_rounds=1, max_sources=4, max_searches=1)
+        report = await engine.research(QUESTION, options=options, tools=tools, events=recorder, state=state)
+        return report, recorder, state, extracted
+
+    report, recorder, state, extracted = asyncio.run(main())
+
+    assert report is not None and recorder.events[-1].type == "complete"
+    assert [state.fetches[source_id].status for source_id in sorted(state.fetches)] == ["ok", "ok"]
+    assert extracted == ["https://fast.example/report", "https://slow.example/report"]
+    assert sorted(state.documents) == ["s1", "s2"]
+    assert recorder.phases_started() == ["decompose", "search", "fetch", "read", "synthesize", "verify"]
+    # The read phase still closes the round: its passages are numbered in source order, fast page first.
+    assert [passage.source_id for passage in state.passages][:1] == ["s1"]
