@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from chat.message import Place
 from research.report import Report, render_html, render_json, render_markdown
+from storage.feedback import FeedbackCounts, feedback_counts
 from storage.models import Conversation, Message, Run
 
 def create_run(sessions: sessionmaker[Session], *, place: Place, requester: str, mode: str, question: str,
@@ -40,12 +41,18 @@ def export_run(sessions: sessionmaker[Session], run_id: int, output_format: str)
     return renderers[output_format](report)
 
 
-RUNS_HEADER = f"{'ID':>5}  {'STATE':<9}  {'MODE':<8}  {'CREATED':<16}  QUESTION"
+RUNS_HEADER = f"{'ID':>5}  {'STATE':<9}  {'MODE':<8}  {'CREATED':<16}  {'FEEDBACK':<10}  QUESTION"
+
+
+def feedback_column(counts: FeedbackCounts | None) -> str:
+    """`👍 3 👎 1` for a run people rated, `-` for one nobody did."""
+    return f"👍 {counts.good} 👎 {counts.bad}" if counts is not None else "-"
 
 
 def recent_runs(sessions: sessionmaker[Session], limit: int) -> list[str]:
-    """One line per run, newest first."""
+    """One line per run, newest first, with its 👍/👎 counts."""
     with sessions() as session:
         rows = session.scalars(select(Run).order_by(Run.id.desc()).limit(limit)).all()
-        return [f"{run.id:>5}  {run.state:<9}  {run.mode:<8}  {run.created_at:%Y-%m-%d %H:%M}  {run.question[:70]}"
-                for run in rows]
+        counts = feedback_counts(session, [run.id for run in rows])
+        return [f"{run.id:>5}  {run.state:<9}  {run.mode:<8}  {run.created_at:%Y-%m-%d %H:%M}  "
+                f"{feedback_column(counts.get(run.id)):<10}  {run.question[:70]}" for run in rows]

@@ -8,6 +8,7 @@ waits; CPU-heavy steps go to one bounded process pool per worker process.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -17,7 +18,10 @@ from celery.worker.consumer import Consumer
 
 from chat.platform import OutboundPlatform
 from config import Settings, get_settings
+from ops.health import process_health
+from ops.server import OpsServer, start_ops_server
 from storage.redis import broker_transport_options, celery_broker_url, resolve_redis_url
+from worker.log_context import RunLogContext, bind_run, unbind_run
 from worker.queue import QUEUE_NAME
 
 logger = logging.getLogger(__name__)
@@ -130,6 +134,35 @@ def chat_task(run_id: int) -> None:
     runtime().run(run_id)
 
 
+_run_log_tokens: dict[str, contextvars.Token[RunLogContext | None]] = {}
+
+
+@signals.task_prerun.connect
+def _tag_logs_with_run(task_id: str, args: Sequence[object] = (), **_: object) -> None:
+    # From here to postrun, Celery's own lines about the task (its success, its failure) name the run too.
+    if args and isinstance(args[0], int):  # every deepthread task takes the run id alone
+        _run_log_tokens[task_id] = bind_run(args[0])
+
+
+@signals.task_postrun.connect
+def _untag_logs(task_id: str, **_: object) -> None:
+    token = _run_log_tokens.pop(task_id, None)
+    if token is not None:
+        unbind_run(token)
+
+
+_ops_server: OpsServer | None = None
+
+
+@signals.worker_init.connect
+def _serve_health_and_metrics(**_: object) -> None:
+    # From the start, before the broker is reached: a broker down at start-up is then a failing part, not silence.
+    global _ops_server
+    settings = get_settings()
+    _ops_server = start_ops_server(settings.worker_http_port, process_health(settings, watch_workers=False),
+                                   setting="WORKER_HTTP_PORT")
+
+
 @signals.worker_ready.connect
 def _start_reaper(**_: object) -> None:
     runtime().start_reaper()
@@ -140,6 +173,8 @@ def _stop_runtime(**_: object) -> None:
     # worker_shutdown comes after running tasks have drained, so no run loses its CPU pool mid-way.
     if _runtime is not None:
         _runtime.stop()
+    if _ops_server is not None:
+        _ops_server.stop()
 
 
 def worker_argv(settings: Settings, *, hostname: str | None = None) -> list[str]:

@@ -12,6 +12,7 @@ attribute, so it is set process-wide), and its gateway URL comes from `GET /gate
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
@@ -25,7 +26,7 @@ import httpx
 import yarl
 from discord import app_commands
 
-from bot.conversation.events import ChatEvent, ConversationHandler, Outcome, Reply
+from bot.conversation.events import ChatEvent, ConversationHandler, Outcome, Reply, Visibility
 from bot.discord.events import (
     COMMANDS,
     Depth,
@@ -40,11 +41,15 @@ from chat.discord.render import DiscordRenderer, thread_name
 from chat.message import Messenger, MessengerError, Place
 from chat.render import PlatformRenderer
 from config import Settings
+from ops.health import process_health
+from ops.server import start_ops_server
 
 logger = logging.getLogger(__name__)
 
 SOMETHING_WENT_WRONG = "Sorry, something went wrong while handling that. Please try again in a moment."
+HISTORY_COMMAND = "history"
 DESCRIPTIONS = {
+    HISTORY_COMMAND: "Your recent runs and this channel's (only you see the list)",
     "research": "Research a question on the web and get a cited report in a thread",
     "plan": "Draft a research plan to approve (reply go) or revise before any searching",
     "ask": "A quick answer with no web search",
@@ -102,10 +107,24 @@ def missing_permissions(permissions: discord.Permissions) -> list[str]:
 
 
 def where_of(channel: Any, *, guild_id: int | None, channel_id: int) -> Where:
-    """The Where of a discord.py channel object (a thread knows its parent)."""
+    """The Where of a discord.py channel object (a thread knows its parent), with who can see the channel."""
     if isinstance(channel, discord.Thread):
-        return Where.of(guild_id=guild_id, channel_id=channel_id, parent_id=channel.parent_id, is_thread=True)
-    return Where.of(guild_id=guild_id, channel_id=channel_id)
+        where = Where.of(guild_id=guild_id, channel_id=channel_id, parent_id=channel.parent_id, is_thread=True)
+    else:
+        where = Where.of(guild_id=guild_id, channel_id=channel_id)
+    return dataclasses.replace(where, visibility=channel_visibility(channel))
+
+
+def channel_visibility(channel: Any) -> Visibility:
+    """Public when the guild's @everyone may view the channel (for a public thread, its parent); private for direct
+    messages, private threads, channels hidden from @everyone, and any channel whose settings are not known."""
+    if isinstance(channel, discord.Thread):
+        if channel.type is discord.ChannelType.private_thread:
+            return "private"
+        channel = channel.parent
+    if isinstance(channel, discord.abc.GuildChannel):
+        return "public" if channel.permissions_for(channel.guild.default_role).view_channel else "private"
+    return "private"
 
 
 class DiscordBot:
@@ -128,6 +147,7 @@ class DiscordBot:
         self.sync_globally = False
         for name in COMMANDS:
             self.tree.add_command(self._command(name))
+        self.tree.add_command(self._history_command())
         self.client.setup_hook = self._setup  # type: ignore[method-assign]
         self.client.event(self.on_ready)
         self.client.event(self.on_message)
@@ -145,6 +165,11 @@ class DiscordBot:
         names = inspect.signature(callback).parameters
         described = app_commands.describe(**{key: text for key, text in OPTION_DESCRIPTIONS.items() if key in names})
         return app_commands.Command(name=name, description=DESCRIPTIONS[name], callback=described(callback))
+
+    def _history_command(self) -> app_commands.Command[Any, Any, None]:
+        async def callback(interaction: discord.Interaction) -> None:
+            await self.on_command(interaction, HISTORY_COMMAND, HISTORY_COMMAND)
+        return app_commands.Command(name=HISTORY_COMMAND, description=DESCRIPTIONS[HISTORY_COMMAND], callback=callback)
 
     async def _setup(self) -> None:
         """Sync the commands: to DISCORD_GUILD_IDS at every start (instant), globally only when asked."""
@@ -167,7 +192,7 @@ class DiscordBot:
     # -- interactions ------------------------------------------------------------------------------
 
     async def on_command(self, interaction: discord.Interaction, name: str, text: str) -> None:
-        """`/research`, `/plan`, `/ask`: defer at once, check the channel, hand to the core, say the replies."""
+        """`/research`, `/plan`, `/ask`, `/history`: defer at once, check the channel, hand to the core, say the replies."""
         await interaction.response.defer(ephemeral=True, thinking=True)
         send_private = self._followup_sender(interaction)
         if interaction.guild_id is not None:
@@ -248,7 +273,7 @@ class DiscordBot:
         return outcome
 
     async def _say(self, reply: Reply, event: ChatEvent, thread: str | None, send_private: PrivateSender) -> None:
-        content = self.renderer.reply(reply.text, person=reply.person)
+        content = reply.content or self.renderer.reply(reply.text, person=reply.person)
         if reply.private or thread is None:
             await self._say_privately(send_private, content.text)
             return
@@ -281,9 +306,16 @@ class DiscordBot:
     # -- running -----------------------------------------------------------------------------------
 
     async def run(self, token: str) -> None:
-        """Connect and serve until `close()` or a signal (discord.py reconnects on its own)."""
-        async with self.client:
-            await self.client.start(token, reconnect=True)
+        """Connect and serve until `close()` or a signal (discord.py reconnects on its own), with `/healthz` and
+        `/metrics` on DISCORD_HTTP_PORT meanwhile."""
+        health = process_health(self.settings, watch_workers=True)
+        ops_server = start_ops_server(self.settings.discord_http_port, health, setting="DISCORD_HTTP_PORT")
+        try:
+            async with self.client:
+                await self.client.start(token, reconnect=True)
+        finally:
+            if ops_server is not None:
+                await asyncio.to_thread(ops_server.stop)
 
     async def close(self) -> None:
         await self.client.close()

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from bot.conversation.events import ChatEvent
+from bot.conversation.events import ChatEvent, Visibility
 from chat.discord.messenger import DIRECT_MESSAGES
 from chat.discord.render import CANCEL_ID, CONTINUE_PREFIX, EXPORT_PREFIX, RETRY_PREFIX
 
@@ -29,6 +29,7 @@ class Where:
     workspace: str
     channel: str
     thread: str | None
+    visibility: Visibility | None = None  # who can see the channel, when the channel object told
 
     @classmethod
     def of(cls, *, guild_id: int | None, channel_id: int, parent_id: int | None = None, is_thread: bool = False) -> Where:
@@ -57,11 +58,11 @@ def command_text(question: str, *, since: str | None = None, site: str | None = 
 
 
 def command_event(where: Where, *, user_id: int, name: str, text: str, interaction_id: int) -> ChatEvent:
-    """The ChatEvent of `/research`, `/plan` or `/ask`."""
+    """The ChatEvent of `/research`, `/plan` or `/ask`; any other command (`/history`) goes as `/research` with its text."""
     command = name if name in COMMANDS else "research"
     return ChatEvent(platform=PLATFORM, workspace=where.workspace, channel=where.channel, thread=where.thread,
                      user=qualified_user(user_id), kind="command", command=command, text=text,  # type: ignore[arg-type]
-                     event_id=str(interaction_id))
+                     event_id=str(interaction_id), channel_visibility=where.visibility)
 
 
 def without_bot_mention(text: str, bot_user_id: int | None) -> str:
@@ -89,7 +90,7 @@ def message_event(where: Where, *, user_id: int, message_id: int, text: str, men
         return None
     return ChatEvent(platform=PLATFORM, workspace=where.workspace, channel=where.channel, thread=where.thread,
                      user=qualified_user(user_id), kind=kind, text=words, message_id=str(message_id),
-                     event_id=str(message_id))
+                     event_id=str(message_id), channel_visibility=where.visibility)
 
 
 def reaction_event(where: Where, *, user_id: int, message_id: int, emoji: str) -> ChatEvent:

@@ -1,6 +1,9 @@
-"""The Slack platform bundle: configured by SLACK_BOT_TOKEN; Block Kit renderer, Web API messenger, `deepthread slack`."""
+"""The Slack platform bundle: configured by SLACK_BOT_TOKEN (one workspace) or by SLACK_CLIENT_ID and
+SLACK_CLIENT_SECRET (OAuth installs in many workspaces); Block Kit renderer, Web API messenger, `deepthread slack`."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import httpx
 
@@ -11,13 +14,23 @@ from chat.slack.messenger import SlackMessenger, build_slack_client
 from chat.slack.render import SlackRenderer
 from config import Settings
 
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+    from chat.slack.installations import DatabaseInstallationStore
+
 NAME = "slack"
 TOKEN_SETTING = "SLACK_BOT_TOKEN"
 
 
+def oauth_mode(settings: Settings) -> bool:
+    """Whether the app's client id and secret are set: workspaces install it through OAuth, each with its own token."""
+    return bool(settings.slack_client_id) and settings.secret("slack_client_secret") is not None
+
+
 def configured(settings: Settings) -> bool:
-    """Whether the Slack bot token is set (the one setting every Slack part needs)."""
-    return settings.secret("slack_bot_token") is not None
+    """Whether the Slack bot token is set, or the OAuth credentials that give each workspace its own."""
+    return settings.secret("slack_bot_token") is not None or oauth_mode(settings)
 
 
 def socket_mode(settings: Settings) -> bool:
@@ -28,7 +41,9 @@ def socket_mode(settings: Settings) -> bool:
 def missing_adapter_setting(settings: Settings) -> str | None:
     """Why the Slack app cannot start with these settings (naming the variable), or None."""
     if not configured(settings):
-        return f"{TOKEN_SETTING} (xoxb-…) is required for the Slack bot"
+        return f"{TOKEN_SETTING} (xoxb-…) is required for the Slack bot, or SLACK_CLIENT_ID and SLACK_CLIENT_SECRET for OAuth"
+    if oauth_mode(settings) and socket_mode(settings):
+        return "OAuth installs (SLACK_CLIENT_ID) work in HTTP mode: leave SLACK_APP_TOKEN empty and set SLACK_SIGNING_SECRET"
     if not socket_mode(settings) and settings.secret("slack_signing_secret") is None:
         return "SLACK_SIGNING_SECRET is required in HTTP mode; set SLACK_APP_TOKEN (xapp-…) for Socket Mode"
     return None
@@ -40,14 +55,37 @@ def renderer(settings: Settings) -> SlackRenderer:
 
 
 def outbound(settings: Settings) -> Outbound:
-    """The Web API messenger (SLACK_API_URL, the bot token) and the renderer."""
+    """The Web API messenger on SLACK_API_URL (with each workspace's installed token in OAuth mode, else the bot token)
+    and the renderer."""
+    if oauth_mode(settings):
+        # Imported here: single-token mode never loads the store (nor the SQLAlchemy asyncio layer slack-sdk's pulls in).
+        from chat.slack.installations import InstalledWorkspaceClients
+        from storage.db import make_engine
+
+        store = installation_store(settings, make_engine(settings.database_url))
+        workspaces = InstalledWorkspaceClients(store, lambda token: build_slack_client(token, settings.slack_api_url))
+        return Outbound(messenger=SlackMessenger(workspaces=workspaces, progress_mode=settings.slack_progress),
+                        renderer=renderer(settings))
     token = settings.secret("slack_bot_token") or ""
-    return Outbound(messenger=SlackMessenger(build_slack_client(token, settings.slack_api_url)), renderer=renderer(settings))
+    return Outbound(messenger=SlackMessenger(build_slack_client(token, settings.slack_api_url),
+                                             progress_mode=settings.slack_progress), renderer=renderer(settings))
+
+
+def installation_store(settings: Settings, engine: Engine) -> DatabaseInstallationStore:
+    """The OAuth installations of this app (SLACK_CLIENT_ID) in the database behind `engine`."""
+    from chat.slack.installations import DatabaseInstallationStore
+
+    return DatabaseInstallationStore(engine, settings.slack_client_id or "")
 
 
 def doctor(settings: Settings, http: httpx.Client) -> Check:
     """Slack: off without a token; otherwise the mode's settings and `auth.test`."""
     token = settings.secret("slack_bot_token")
+    if not token and oauth_mode(settings):
+        problem = missing_adapter_setting(settings)
+        if problem:
+            return Check(component=NAME, status="missing", detail=problem, required=True)
+        return Check(component=NAME, status="ok", detail="HTTP mode with OAuth installs at /slack/install", required=True)
     if not token:
         return Check(component=NAME, status="off", detail=f"{TOKEN_SETTING} not set")
     mode = "Socket Mode" if socket_mode(settings) else "HTTP mode"

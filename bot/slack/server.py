@@ -1,11 +1,11 @@
 """Running the Slack bot: Socket Mode when SLACK_APP_TOKEN is set, otherwise HTTP mode behind a public URL.
 
 HTTP mode serves `POST /slack/events` (events, slash commands and interactivity all use this one Request URL; bolt
-verifies each request's signature and timestamp) and `GET /healthz` with uvicorn. A body over `MAX_BODY_BYTES` is
-answered 413 as soon as that is known (from Content-Length, else while reading), before any signature check, so an
-unsigned sender cannot make the bot buffer a large body; a signed request seen before is refused (see `dedupe.py`).
-Socket Mode opens a WebSocket from `apps.connections.open` (on SLACK_API_URL) and needs no public URL; `/healthz` is
-still served for the orchestrator.
+verifies each request's signature and timestamp), `GET /healthz` and `GET /metrics` with uvicorn. A body over
+`MAX_BODY_BYTES` is answered 413 as soon as that is known (from Content-Length, else while reading), before any
+signature check, so an unsigned sender cannot make the bot buffer a large body; a signed request seen before is refused
+(see `dedupe.py`). Socket Mode opens a WebSocket from `apps.connections.open` (on SLACK_API_URL) and needs no public
+URL; `/healthz` and `/metrics` are still served for the orchestrator and Prometheus.
 """
 
 from __future__ import annotations
@@ -14,13 +14,14 @@ import asyncio
 import logging
 
 import uvicorn
+from prometheus_client import REGISTRY, CollectorRegistry
 from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.adapter.starlette.async_handler import AsyncSlackRequestHandler
 from slack_bolt.async_app import AsyncApp
 from slack_sdk.web.async_client import AsyncWebClient
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import Message, Receive
 
@@ -29,19 +30,15 @@ from bot.slack.bundle import missing_adapter_setting
 from chat.slack.messenger import build_slack_client
 from bot.slack.dedupe import EventDeduper, RedisEventDeduper, RedisReplayGuard, ReplayGuard, claims_client
 from config import Settings
+from ops.health import HealthChecker, process_health
+from ops.server import HEALTH_PATH, METRICS_PATH, starlette_health_endpoint, starlette_metrics_endpoint
 from storage.redis import resolve_redis_url
 
 logger = logging.getLogger(__name__)
 
 EVENTS_PATH = "/slack/events"
-HEALTH_PATH = "/healthz"
 # Far above any real Slack payload (a slash command or a big block_actions body is tens of KiB).
 MAX_BODY_BYTES = 1024 * 1024
-
-
-async def healthz(request: Request) -> Response:
-    """Liveness: the process is up and serving."""
-    return JSONResponse({"ok": True})
 
 
 async def body_within(request: Request, limit: int) -> bytes | None:
@@ -71,10 +68,12 @@ def replaying(body: bytes, receive: Receive) -> Receive:
     return receive_body
 
 
-def build_http_app(app: AsyncApp | None, *, max_body_bytes: int = MAX_BODY_BYTES) -> Starlette:
-    """The ASGI app: `GET /healthz`, and `POST /slack/events` into the bolt `app` when one is given (HTTP mode), bodies
-    over `max_body_bytes` refused with 413."""
-    routes = [Route(HEALTH_PATH, healthz, methods=["GET"])]
+def build_http_app(app: AsyncApp | None, *, max_body_bytes: int = MAX_BODY_BYTES, health: HealthChecker | None = None,
+                   registry: CollectorRegistry = REGISTRY) -> Starlette:
+    """The ASGI app: `GET /healthz` (liveness only without `health`), `GET /metrics`, and `POST /slack/events` into the
+    bolt `app` when one is given (HTTP mode), bodies over `max_body_bytes` refused with 413."""
+    routes = [Route(HEALTH_PATH, starlette_health_endpoint(health), methods=["GET"]),
+              Route(METRICS_PATH, starlette_metrics_endpoint(registry), methods=["GET"])]
     if app is not None:
         handler = AsyncSlackRequestHandler(app)
 
@@ -86,6 +85,9 @@ def build_http_app(app: AsyncApp | None, *, max_body_bytes: int = MAX_BODY_BYTES
             return await handler.handle(Request(request.scope, receive=replaying(body, request.receive)))
 
         routes.append(Route(EVENTS_PATH, slack_events, methods=["POST"]))
+        if app.oauth_flow is not None:  # OAuth installs: bolt's /slack/install and /slack/oauth_redirect
+            for path in (app.oauth_flow.install_path, app.oauth_flow.redirect_uri_path):
+                routes.append(Route(path, handler.handle, methods=["GET"]))
     return Starlette(routes=routes)
 
 
@@ -101,7 +103,8 @@ class SlackBot:
     """The running bot: the bolt app behind Socket Mode (with an app token) or HTTP mode, `/healthz` either way."""
 
     def __init__(self, settings: Settings, core: ConversationHandler, *, client: AsyncWebClient | None = None,
-                 dedupe: EventDeduper | None = None, replay_guard: ReplayGuard | None = None) -> None:
+                 dedupe: EventDeduper | None = None, replay_guard: ReplayGuard | None = None,
+                 health: HealthChecker | None = None) -> None:
         self.client = client or slack_client(settings)
         if dedupe is None or replay_guard is None:
             claims = claims_client(resolve_redis_url(settings.redis_url, settings.data_dir))  # one client serves both
@@ -111,7 +114,7 @@ class SlackBot:
         self.replay_guard = replay_guard
         self.app = build_slack_app(settings, core, client=self.client, dedupe=self.dedupe, replay_guard=self.replay_guard)
         self.app_token = settings.secret("slack_app_token")
-        self.http_app = build_http_app(None if self.app_token else self.app)
+        self.http_app = build_http_app(None if self.app_token else self.app, health=health)
         self.socket_mode: AsyncSocketModeHandler | None = None
         self._server: uvicorn.Server | None = None
 
@@ -144,4 +147,5 @@ class SlackBot:
 
 def run(settings: Settings, core: ConversationHandler, *, host: str, port: int) -> None:
     """Run the bot with `core` in this process until interrupted (see `SlackBot`)."""
-    asyncio.run(SlackBot(settings, core).run(host=host, port=port))
+    health = process_health(settings, watch_workers=True)
+    asyncio.run(SlackBot(settings, core, health=health).run(host=host, port=port))

@@ -36,6 +36,7 @@ import httpx
 
 from chat.message import Content, FileUpload, MessageRef, MessengerError, OpenedThread, Place
 from chat.text import shortened, single_line, split_text
+from ops.metrics import record_rate_limit_wait
 
 logger = logging.getLogger(__name__)
 
@@ -184,10 +185,12 @@ class DiscordMessenger:
     platform = "discord"
 
     def __init__(self, http: httpx.AsyncClient, *, max_attempts: int = DEFAULT_MAX_ATTEMPTS, sleep: Sleep = asyncio.sleep,
-                 clock: Clock = time.monotonic) -> None:
+                 clock: Clock = time.monotonic,
+                 count_rate_limit_wait: Callable[[str, float], None] = record_rate_limit_wait) -> None:
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
         self.http = http
+        self.count_rate_limit_wait = count_rate_limit_wait
         self.max_attempts = max_attempts
         self.sleep = sleep
         self.clock = clock
@@ -307,8 +310,12 @@ class DiscordMessenger:
 
     async def _wait_for_bucket(self, route: Route) -> None:
         key = self._limiter_key(route)
+        waited = 0.0
         while (wait := max(self._global_until, self._empty_until.get(key, 0.0)) - self.clock()) > 0:
             await self.sleep(wait)
+            waited += wait
+        if waited:
+            self.count_rate_limit_wait(self.platform, waited)
         self._empty_until.pop(key, None)
 
     def _remember_bucket(self, route: Route, response: httpx.Response) -> None:

@@ -20,7 +20,8 @@ import datetime as dt
 import re
 from typing import Any
 
-from chat.message import Content, FileUpload
+from chat.history import NO_RUNS, RunHistory, RunSummary, history_listing, mode_name
+from chat.message import Content, FileUpload, Place
 from chat.render import ReportDelivery, with_person
 from chat.state import RunProgress
 from chat.status import Markup, ending, headline, is_unfinished, measures_line, phase_checklist
@@ -229,6 +230,13 @@ class DiscordRenderer:
         """A core reply: its neutral markup is Discord Markdown already; `person` is named without a ping."""
         return message(with_person(text, person, unchanged, user_mention))
 
+    def history(self, history: RunHistory) -> Content:
+        """The history in one message: each question a jump link to its thread, dates in the reader's time zone."""
+        if history.empty:
+            return message(NO_RUNS)
+        return message(history_listing(history, heading=lambda title: f"**{title}**", line=_history_line,
+                                       limit=CONTENT_LIMIT))
+
     def _greeting(self, report: Report, requester: str) -> str:
         question = escape_text(shortened(single_line(report.question) or title_and_body(report)[0], 300))
         if report.mode == "plan":
@@ -251,3 +259,18 @@ class DiscordRenderer:
         upload = FileUpload(filename=REPORT_FILENAME, data=render_markdown(report).encode("utf-8"),
                             title=thread_name(title))
         return ReportDelivery(messages=[summary], file=upload)
+
+
+DISCORD_APP_URL = "https://discord.com/channels"
+HISTORY_QUESTION_LIMIT = 60
+
+
+def jump_url(thread: Place) -> str:
+    """Discord's jump URL of a thread (in a direct message, of the DM itself: its workspace is `@me`)."""
+    return f"{DISCORD_APP_URL}/{thread.workspace}/{thread.thread or thread.channel}"
+
+
+def _history_line(run: RunSummary) -> str:
+    question = escape_text(shortened(single_line(run.question), HISTORY_QUESTION_LIMIT))
+    return (f"• [{question}]({jump_url(run.thread)}) — {run.state} · {mode_name(run.mode)} · "
+            f"<t:{int(run.created_at.timestamp())}:f> · run {run.run_id}")

@@ -166,6 +166,8 @@ class FakeChannel:
     last_message_id: int | None = None
     archived: bool = False
     auto_archive_duration: int = 1440
+    # A private channel: hidden from @everyone, shown to these users (the bot among them) by member overwrites.
+    private_to: list[int] | None = None
 
     @property
     def is_thread(self) -> bool:
@@ -186,9 +188,19 @@ class FakeChannel:
                                             "archive_timestamp": self.created_at, "locked": False,
                                             "create_timestamp": self.created_at, "invitable": True})
         else:
-            channel.update(position=self.position, topic=self.topic, nsfw=False, permission_overwrites=[],
+            channel.update(position=self.position, topic=self.topic, nsfw=False,
+                           permission_overwrites=self.permission_overwrites(),
                            default_auto_archive_duration=1440)
         return channel
+
+    def permission_overwrites(self) -> list[dict[str, Any]]:
+        """Discord's overwrites: none for a public channel; for a private one, @everyone (the role whose id is the
+        guild's) denied View Channel and each member it is shown to allowed it."""
+        if self.private_to is None:
+            return []
+        hidden = {"id": str(self.guild_id), "type": 0, "allow": "0", "deny": str(PERMISSION_VIEW_CHANNEL)}
+        return [hidden, *({"id": str(user_id), "type": 1, "allow": str(PERMISSION_VIEW_CHANNEL), "deny": "0"}
+                          for user_id in self.private_to)]
 
 
 @dataclass
@@ -567,11 +579,14 @@ class FakeDiscord(LoopbackFake):
             guild.members[user.id] = FakeMember(user, list(roles or []))
             self.changed.notify_all()
 
-    def add_channel(self, name: str, *, guild_id: int | None = None, type: int = CHANNEL_TEXT) -> int:
-        """A new guild channel (no CHANNEL_CREATE is sent: add channels before the client connects)."""
+    def add_channel(self, name: str, *, guild_id: int | None = None, type: int = CHANNEL_TEXT,
+                    private_to: list[FakeUser] | None = None) -> int:
+        """A new guild channel, private to the bot and `private_to` when given (no CHANNEL_CREATE is sent: add
+        channels before the client connects)."""
         with self._lock:
+            shown_to = None if private_to is None else [self.bot.id, *(user.id for user in private_to)]
             channel = FakeChannel(_snowflake(), name, type=type, guild_id=int(guild_id or self.guild_id),
-                                  position=len(self._channels))
+                                  position=len(self._channels), private_to=shown_to)
             self._channels[channel.id] = channel
             self.changed.notify_all()
             return channel.id

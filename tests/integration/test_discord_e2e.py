@@ -4,83 +4,33 @@ Redis, and the fake LLM, search provider and web corpus. Every Discord URL comes
 
 from __future__ import annotations
 
-import asyncio
 import re
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import discord.gateway
-import discord.http
 import httpx
 import pytest
-import yarl
-from sqlalchemy import select
 
-from bot.cli import platform_core
-from bot.discord.app import DiscordBot, discover
-from bot.discord.bundle import BUNDLE as DISCORD
-from bot.discord.bundle import http as discord_http
 from chat.discord.render import CONTENT_LIMIT, paragraph_to_discord
 from research.markdown import markdown_paragraphs
 from storage.models import Run
 from tests.fakes.corpus import QUESTION, Corpus
 from tests.fakes.discord_api import DiscordMessage, FakeDiscord, FakeUser
 from tests.fakes.llm import ChatRequest, citing_synthesis, default_research_model
+from tests.integration.discord_harness import BotThread, discord_urls_nowhere
 from tests.integration.workers import Cluster
+from tests.run_rows import all_runs
 
 pytestmark = pytest.mark.integration
 
 LINK = re.compile(r"\]\((https?://[^)\s]+)\)")
 FINISHED = {"done", "failed", "cancelled", "timed_out"}
-# Nothing listens here: discord.py reaches the fake only if the bot points it there from DISCORD_API_URL.
-NOWHERE = "http://127.0.0.1:9"
 
 
 def links_in(text: str) -> set[str]:
     return set(LINK.findall(text))
-
-
-class BotThread:
-    """The Discord bot (`deepthread discord` minus the CLI) on its own event loop in a thread."""
-
-    def __init__(self, settings: Any, *, sync_globally: bool = False) -> None:
-        self.settings = settings
-        self.sync_globally = sync_globally
-        self.loop = asyncio.new_event_loop()
-        self.bot: DiscordBot | None = None
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._main, name="discord-bot", daemon=True)
-
-    def _main(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        try:
-            self.loop.run_until_complete(self._serve())
-        except BaseException as error:  # surfaced by the test that waits on the bot
-            self.error = error
-
-    async def _serve(self) -> None:
-        core = platform_core(DISCORD, self.settings)
-        probe = discord_http(self.settings)
-        try:
-            connection = await discover(probe)
-        finally:
-            await probe.aclose()
-        self.bot = DiscordBot(self.settings, core, core.messenger, renderer=core.renderer, connection=connection,
-                              guild_ready_timeout=0.2)
-        self.bot.sync_globally = self.sync_globally
-        await self.bot.run(self.settings.discord_bot_token.get_secret_value())
-
-    def start(self) -> "BotThread":
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        if self.bot is not None and self.loop.is_running():
-            asyncio.run_coroutine_threadsafe(self.bot.close(), self.loop).result(timeout=15)
-        self._thread.join(timeout=15)
 
 
 @dataclass
@@ -92,8 +42,7 @@ class DiscordWorld:
     other: FakeUser
 
     def runs(self) -> list[Run]:
-        with self.cluster.sessions() as session:
-            return list(session.scalars(select(Run).order_by(Run.id)))
+        return all_runs(self.cluster.sessions)
 
     def wait_for_runs(self, count: int, timeout: float = 30) -> list[Run]:
         return self.wait(lambda: len(runs := self.runs()) >= count and runs, timeout, f"{count} runs")
@@ -139,9 +88,7 @@ def discord_world(tmp_path: Path, redis_url: str, corpus: Corpus, *, message_con
     from storage.redis import connect
 
     connect(redis_url).flushall()
-    saved = discord.http.Route.BASE, discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY
-    discord.http.Route.BASE, discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = NOWHERE, yarl.URL("ws://127.0.0.1:9/")
-    with FakeDiscord(message_content_intent_enabled=message_content) as fake:
+    with discord_urls_nowhere(), FakeDiscord(message_content_intent_enabled=message_content) as fake:
         cluster = Cluster(database_url=f"sqlite:///{tmp_path}/deepthread.db", redis_url=redis_url, corpus=corpus,
                           workdir=tmp_path, discord_bot_token=fake.token, discord_api_url=fake.api_url,
                           discord_guild_ids=str(fake.guild_id))
@@ -151,13 +98,12 @@ def discord_world(tmp_path: Path, redis_url: str, corpus: Corpus, *, message_con
         cluster.start_worker("w1")
         bot = BotThread(cluster.settings, sync_globally=sync_globally).start()
         try:
-            cluster.wait_for(lambda: bot.error or (bot.bot is not None and bot.bot.ready.is_set()), 20, "the bot's READY")
+            cluster.wait_for(bot.ready_or_failed, 20, "the bot's READY")
             assert bot.error is None, bot.error
             yield DiscordWorld(cluster, fake, corpus, asker, other)
         finally:
             bot.stop()
             cluster.stop()
-            discord.http.Route.BASE, discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = saved
 
 
 @pytest.fixture
@@ -340,7 +286,7 @@ def test_commands_sync_globally_only_when_asked(tmp_path: Path, redis_url: str) 
         for world in discord_world(tmp_path, redis_url, corpus, sync_globally=True):
             scopes = {sync.guild_id for sync in world.fake.synced_commands}
             assert scopes == {world.fake.guild_id, None}
-            assert {command["name"] for command in world.fake.commands()} == {"research", "plan", "ask"}
+            assert {command["name"] for command in world.fake.commands()} == {"research", "plan", "ask", "history"}
 
 
 def test_in_a_direct_message_the_conversation_is_the_dm_itself(tmp_path: Path, redis_url: str) -> None:

@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import email.parser
-import itertools
-import json
 import logging
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any
 
 import httpx
 import pytest
@@ -17,143 +12,7 @@ import pytest
 from chat.discord.messenger import DIRECT_MESSAGES, TEXT_LIMIT, DiscordMessenger, build_discord_http
 from chat.message import Content, FileUpload, MessageRef, MessengerError, Place
 from tests.fakes.clock import FakeClock
-
-TOKEN = "MTE5.fake-bot-token.do-not-leak"
-API_URL = "https://discord.test/api/v10"
-GUILD = "111111111111111111"
-CHANNEL = "222222222222222222"
-OTHER_CHANNEL = "333333333333333333"
-DM_CHANNEL = "444444444444444444"
-MESSAGES_PATH = re.compile(r"^/api/v10/channels/(\d+)/messages$")
-MESSAGE_PATH = re.compile(r"^/api/v10/channels/(\d+)/messages/(\d+)$")
-THREADS_PATH = re.compile(r"^/api/v10/channels/(\d+)/messages/(\d+)/threads$")
-
-
-
-@dataclass
-class Call:
-    """One request as the fake saw it, and what it answered."""
-
-    method: str
-    path: str
-    at: float
-    headers: httpx.Headers
-    body: dict[str, Any]
-    files: dict[str, tuple[str, bytes, str]]
-    status: int = 0
-
-
-@dataclass
-class Scripted:
-    """An answer given instead of (or, with `handled`, after doing) what Discord would do."""
-
-    method: str
-    path_suffix: str = ""
-    status: int = 200
-    body: Any = None
-    headers: dict[str, str] = field(default_factory=dict)
-    handled: bool = False
-    error: Exception | None = None
-
-
-class FakeDiscord:
-    """Discord's message, edit and thread routes in memory, with its nonce, error and rate-limit answers."""
-
-    def __init__(self, clock: FakeClock) -> None:
-        self.clock = clock
-        self.calls: list[Call] = []
-        self.messages: dict[str, dict[str, Any]] = {}
-        self.threads: dict[str, dict[str, Any]] = {}
-        self.edits: list[tuple[str, str]] = []
-        self._message_by_nonce: dict[str, str] = {}
-        self._scripted: list[Scripted] = []
-        self._ids = itertools.count(900_000_000_000_000_001)
-
-    def answer_next(self, method: str, *, path_suffix: str = "", status: int = 200, body: Any = None,
-                    headers: dict[str, str] | None = None, times: int = 1, handled: bool = False,
-                    error: Exception | None = None) -> None:
-        """The next `times` calls with `method` (to a path ending in `path_suffix`) get this answer; `handled` does
-        the real work first, so the answer is a lost one."""
-        for _ in range(times):
-            self._scripted.append(Scripted(method, path_suffix, status, body, headers or {}, handled, error))
-
-    def rate_limit_next(self, method: str, retry_after: float, *, times: int = 1, is_global: bool = False) -> None:
-        body = {"message": "You are being rate limited.", "retry_after": retry_after, "global": is_global}
-        self.answer_next(method, status=429, body=body, times=times,
-                         headers={"X-RateLimit-Global": "true"} if is_global else {})
-
-    def channel_messages(self, channel: str) -> list[dict[str, Any]]:
-        return [message for message in self.messages.values() if message["channel_id"] == channel]
-
-    def handler(self, request: httpx.Request) -> httpx.Response:
-        body, files = _parse_body(request)
-        call = Call(request.method, request.url.path, self.clock.now, request.headers, body, files)
-        self.calls.append(call)
-        scripted = next((answer for answer in self._scripted
-                         if answer.method == request.method and request.url.path.endswith(answer.path_suffix)), None)
-        if scripted is not None:
-            self._scripted.remove(scripted)
-            if scripted.handled:
-                self._route(request.method, request.url.path, body)
-            if scripted.error is not None:
-                raise scripted.error
-            call.status = scripted.status
-            return httpx.Response(scripted.status, json=scripted.body, headers=scripted.headers)
-        if request.headers.get("Authorization") != f"Bot {TOKEN}":
-            call.status = 401
-            return httpx.Response(401, json={"message": "401: Unauthorized", "code": 0})
-        status, answer = self._route(request.method, request.url.path, body)
-        call.status = status
-        headers = {"X-RateLimit-Bucket": f"hash-{request.method}-{len(request.url.path.split('/'))}",
-                   "X-RateLimit-Limit": "5", "X-RateLimit-Remaining": "4", "X-RateLimit-Reset-After": "5.0"}
-        return httpx.Response(status, json=answer, headers=headers)
-
-    def _route(self, method: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        if method == "POST" and (match := MESSAGES_PATH.match(path)):
-            nonce = body.get("nonce")
-            if body.get("enforce_nonce") and nonce in self._message_by_nonce:
-                return 200, self.messages[self._message_by_nonce[nonce]]
-            message = {"id": str(next(self._ids)), "channel_id": match.group(1), **body}
-            self.messages[message["id"]] = message
-            if nonce is not None:
-                self._message_by_nonce[nonce] = message["id"]
-            return 200, message
-        if method == "PATCH" and (match := MESSAGE_PATH.match(path)):
-            message = self.messages.get(match.group(2))
-            if message is None or message["channel_id"] != match.group(1):
-                return 404, {"message": "Unknown Message", "code": 10008}
-            message.update(body)
-            self.edits.append((message["id"], body["content"]))
-            return 200, message
-        if method == "POST" and (match := THREADS_PATH.match(path)):
-            channel, message_id = match.groups()
-            if message_id in self.threads:
-                return 400, {"message": "A thread has already been created for this message", "code": 160004}
-            # A thread started from a message has the message's id.
-            self.threads[message_id] = {"id": message_id, "type": 11, "parent_id": channel, **body}
-            return 201, self.threads[message_id]
-        return 404, {"message": "404: Not Found", "code": 0}
-
-
-def _parse_body(request: httpx.Request) -> tuple[dict[str, Any], dict[str, tuple[str, bytes, str]]]:
-    """The JSON body of a request, or the `payload_json` and files of a multipart one."""
-    content = request.read()
-    content_type = request.headers.get("Content-Type", "")
-    if not content:
-        return {}, {}
-    if not content_type.startswith("multipart/form-data"):
-        return json.loads(content), {}
-    parsed = email.parser.BytesParser().parsebytes(b"Content-Type: " + content_type.encode() + b"\r\n\r\n" + content)
-    body: dict[str, Any] = {}
-    files: dict[str, tuple[str, bytes, str]] = {}
-    for part in parsed.get_payload():
-        name = part.get_param("name", header="content-disposition")
-        data = part.get_payload(decode=True)
-        if part.get_filename():
-            files[name] = (part.get_filename(), data, part.get_content_type())
-        elif name == "payload_json":
-            body = json.loads(data)
-    return body, files
+from tests.fakes.discord_memory import CHANNEL, DM_CHANNEL, GUILD, OTHER_CHANNEL, TOKEN, InMemoryDiscord, channel_place
 
 
 @pytest.fixture
@@ -162,14 +21,13 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-def discord(clock: FakeClock) -> FakeDiscord:
-    return FakeDiscord(clock)
+def discord(clock: FakeClock) -> InMemoryDiscord:
+    return InMemoryDiscord(clock)
 
 
 @pytest.fixture
-def http(discord: FakeDiscord) -> Iterator[httpx.AsyncClient]:
-    yield httpx.AsyncClient(base_url=API_URL, transport=httpx.MockTransport(discord.handler),
-                            headers={"Authorization": f"Bot {TOKEN}"})
+def http(discord: InMemoryDiscord) -> Iterator[httpx.AsyncClient]:
+    yield discord.client()
 
 
 @pytest.fixture
@@ -177,16 +35,12 @@ def messenger(http: httpx.AsyncClient, clock: FakeClock) -> DiscordMessenger:
     return DiscordMessenger(http, sleep=clock.sleep, clock=clock)
 
 
-def channel_place(thread: str | None = None, channel: str = CHANNEL) -> Place:
-    return Place(platform="discord", workspace=GUILD, channel=channel, thread=thread)
-
-
 def with_buttons(text: str) -> Content:
     button = {"type": 2, "style": 4, "label": "Cancel", "custom_id": "cancel:run-1"}
     return Content(text=text, extra={"discord": {"components": [{"type": 1, "components": [button]}]}})
 
 
-async def test_post_sends_the_text_with_no_mentions_no_link_previews_and_a_nonce(discord: FakeDiscord,
+async def test_post_sends_the_text_with_no_mentions_no_link_previews_and_a_nonce(discord: InMemoryDiscord,
                                                                                  messenger: DiscordMessenger) -> None:
     ref = await messenger.post(channel_place(), Content(text="hello @everyone"))
     [call] = discord.calls
@@ -202,7 +56,7 @@ async def test_post_sends_the_text_with_no_mentions_no_link_previews_and_a_nonce
 
 
 async def test_post_sends_the_renderers_allowed_mentions_flags_embeds_and_components(
-        discord: FakeDiscord, messenger: DiscordMessenger) -> None:
+        discord: InMemoryDiscord, messenger: DiscordMessenger) -> None:
     extra = {"allowed_mentions": {"users": ["555"]}, "flags": 0, "embeds": [{"title": "Report"}],
              "components": [{"type": 1, "components": []}], "content": "not from here"}
     await messenger.post(channel_place(), Content(text="<@555> your report", extra={"discord": extra}))
@@ -212,21 +66,21 @@ async def test_post_sends_the_renderers_allowed_mentions_flags_embeds_and_compon
     assert body["content"] == "<@555> your report"
 
 
-async def test_each_post_gets_its_own_nonce(discord: FakeDiscord, messenger: DiscordMessenger) -> None:
+async def test_each_post_gets_its_own_nonce(discord: InMemoryDiscord, messenger: DiscordMessenger) -> None:
     await messenger.post(channel_place(), Content(text="one"))
     await messenger.post(channel_place(), Content(text="one"))
     assert discord.calls[0].body["nonce"] != discord.calls[1].body["nonce"]
     assert len(discord.channel_messages(CHANNEL)) == 2
 
 
-async def test_post_in_a_thread_goes_to_the_threads_channel_id(discord: FakeDiscord, messenger: DiscordMessenger) -> None:
+async def test_post_in_a_thread_goes_to_the_threads_channel_id(discord: InMemoryDiscord, messenger: DiscordMessenger) -> None:
     thread = "666666666666666666"
     ref = await messenger.post(channel_place(thread), Content(text="in the thread"))
     assert discord.calls[0].path == f"/api/v10/channels/{thread}/messages"
     assert (ref.channel, ref.thread, ref.workspace) == (thread, thread, GUILD)
 
 
-async def test_rate_limited_edit_waits_retry_after_and_lands_once(discord: FakeDiscord, messenger: DiscordMessenger,
+async def test_rate_limited_edit_waits_retry_after_and_lands_once(discord: InMemoryDiscord, messenger: DiscordMessenger,
                                                                   clock: FakeClock) -> None:
     ref = await messenger.post(channel_place(), Content(text="searching"))
     discord.rate_limit_next("PATCH", 2.5)
@@ -238,7 +92,7 @@ async def test_rate_limited_edit_waits_retry_after_and_lands_once(discord: FakeD
     assert discord.edits == [(ref.message_id, "reading")]
 
 
-async def test_three_429s_in_a_row_are_each_waited_out(discord: FakeDiscord, messenger: DiscordMessenger,
+async def test_three_429s_in_a_row_are_each_waited_out(discord: InMemoryDiscord, messenger: DiscordMessenger,
                                                        clock: FakeClock) -> None:
     ref = await messenger.post(channel_place(), Content(text="searching"))
     discord.rate_limit_next("PATCH", 2.5, times=3)
@@ -249,7 +103,7 @@ async def test_three_429s_in_a_row_are_each_waited_out(discord: FakeDiscord, mes
     assert discord.edits == [(ref.message_id, "reading")]
 
 
-async def test_429_without_a_body_waits_the_retry_after_header(discord: FakeDiscord, messenger: DiscordMessenger,
+async def test_429_without_a_body_waits_the_retry_after_header(discord: InMemoryDiscord, messenger: DiscordMessenger,
                                                                clock: FakeClock) -> None:
     discord.answer_next("POST", status=429, headers={"Retry-After": "7"})
     await messenger.post(channel_place(), Content(text="hello"))
@@ -257,7 +111,7 @@ async def test_429_without_a_body_waits_the_retry_after_header(discord: FakeDisc
     assert discord.calls[1].at - discord.calls[0].at >= 7
 
 
-async def test_global_429_holds_back_the_next_call_on_any_route(discord: FakeDiscord, http: httpx.AsyncClient,
+async def test_global_429_holds_back_the_next_call_on_any_route(discord: InMemoryDiscord, http: httpx.AsyncClient,
                                                                  clock: FakeClock) -> None:
     messenger = DiscordMessenger(http, max_attempts=1, sleep=clock.sleep, clock=clock)
     ref = await messenger.post(channel_place(), Content(text="status"))
@@ -269,7 +123,7 @@ async def test_global_429_holds_back_the_next_call_on_any_route(discord: FakeDis
     assert discord.calls[-1].status == 200 and discord.calls[-1].at - discord.calls[-2].at == 4.0
 
 
-async def test_post_retried_after_a_500_reuses_its_nonce_and_is_not_doubled(discord: FakeDiscord,
+async def test_post_retried_after_a_500_reuses_its_nonce_and_is_not_doubled(discord: InMemoryDiscord,
                                                                              messenger: DiscordMessenger) -> None:
     # Discord made the message, but the answer was a 500: the retry must not make a second one.
     discord.answer_next("POST", status=500, body={"message": "500: Internal Server Error", "code": 0}, handled=True)
@@ -281,7 +135,7 @@ async def test_post_retried_after_a_500_reuses_its_nonce_and_is_not_doubled(disc
     assert message["id"] == ref.message_id and message["content"] == "the report"
 
 
-async def test_post_retried_after_a_timeout_reuses_its_nonce_and_is_not_doubled(discord: FakeDiscord,
+async def test_post_retried_after_a_timeout_reuses_its_nonce_and_is_not_doubled(discord: InMemoryDiscord,
                                                                                 messenger: DiscordMessenger,
                                                                                 clock: FakeClock) -> None:
     discord.answer_next("POST", handled=True, error=httpx.ReadTimeout("read timed out"))
@@ -292,7 +146,7 @@ async def test_post_retried_after_a_timeout_reuses_its_nonce_and_is_not_doubled(
 
 
 async def test_server_errors_are_retried_with_a_growing_backoff_then_raise_retryable(
-        discord: FakeDiscord, http: httpx.AsyncClient, clock: FakeClock) -> None:
+        discord: InMemoryDiscord, http: httpx.AsyncClient, clock: FakeClock) -> None:
     messenger = DiscordMessenger(http, max_attempts=4, sleep=clock.sleep, clock=clock)
     discord.answer_next("POST", status=503, body=None, times=4)
     with pytest.raises(MessengerError) as raised:
@@ -302,7 +156,7 @@ async def test_server_errors_are_retried_with_a_growing_backoff_then_raise_retry
     assert len(discord.calls) == 4
 
 
-async def test_empty_bucket_makes_the_next_call_on_it_wait_for_the_reset(discord: FakeDiscord,
+async def test_empty_bucket_makes_the_next_call_on_it_wait_for_the_reset(discord: InMemoryDiscord,
                                                                         messenger: DiscordMessenger,
                                                                         clock: FakeClock) -> None:
     exhausted = {"X-RateLimit-Bucket": "posts", "X-RateLimit-Remaining": "0", "X-RateLimit-Reset-After": "3"}
@@ -313,7 +167,7 @@ async def test_empty_bucket_makes_the_next_call_on_it_wait_for_the_reset(discord
     assert discord.calls[1].at - discord.calls[0].at == 3.0
 
 
-async def test_empty_bucket_does_not_hold_back_another_channel(discord: FakeDiscord, messenger: DiscordMessenger,
+async def test_empty_bucket_does_not_hold_back_another_channel(discord: InMemoryDiscord, messenger: DiscordMessenger,
                                                                clock: FakeClock) -> None:
     await messenger.post(channel_place(channel=OTHER_CHANNEL), Content(text="learn the bucket there"))
     exhausted = {"X-RateLimit-Bucket": "hash-POST-6", "X-RateLimit-Remaining": "0", "X-RateLimit-Reset-After": "3"}
@@ -323,7 +177,7 @@ async def test_empty_bucket_does_not_hold_back_another_channel(discord: FakeDisc
     assert clock.sleeps == []
 
 
-async def test_edits_of_different_messages_in_one_channel_share_a_bucket(discord: FakeDiscord,
+async def test_edits_of_different_messages_in_one_channel_share_a_bucket(discord: InMemoryDiscord,
                                                                          messenger: DiscordMessenger,
                                                                          clock: FakeClock) -> None:
     first = await messenger.post(channel_place(), Content(text="one"))
@@ -336,7 +190,7 @@ async def test_edits_of_different_messages_in_one_channel_share_a_bucket(discord
     assert discord.edits == [(second.message_id, "two, edited")]
 
 
-async def test_missing_permissions_raises_at_once_with_discords_code_and_message(discord: FakeDiscord,
+async def test_missing_permissions_raises_at_once_with_discords_code_and_message(discord: InMemoryDiscord,
                                                                                  messenger: DiscordMessenger,
                                                                                  clock: FakeClock) -> None:
     discord.answer_next("POST", status=403, body={"code": 50013, "message": "Missing Permissions"})
@@ -347,7 +201,7 @@ async def test_missing_permissions_raises_at_once_with_discords_code_and_message
     assert len(discord.calls) == 1 and clock.sleeps == []
 
 
-async def test_rate_limit_outlasting_the_attempts_raises_a_retryable_error(discord: FakeDiscord,
+async def test_rate_limit_outlasting_the_attempts_raises_a_retryable_error(discord: InMemoryDiscord,
                                                                            http: httpx.AsyncClient,
                                                                            clock: FakeClock) -> None:
     messenger = DiscordMessenger(http, max_attempts=3, sleep=clock.sleep, clock=clock)
@@ -358,7 +212,7 @@ async def test_rate_limit_outlasting_the_attempts_raises_a_retryable_error(disco
     assert len(discord.calls) == 3 and discord.messages == {}
 
 
-async def test_429_asking_for_a_very_long_wait_is_raised_at_once_as_retryable(discord: FakeDiscord,
+async def test_429_asking_for_a_very_long_wait_is_raised_at_once_as_retryable(discord: InMemoryDiscord,
                                                                               messenger: DiscordMessenger,
                                                                               clock: FakeClock) -> None:
     discord.rate_limit_next("POST", 3_600.0)
@@ -368,7 +222,7 @@ async def test_429_asking_for_a_very_long_wait_is_raised_at_once_as_retryable(di
 
 
 async def test_text_over_2000_characters_is_posted_as_several_messages_with_components_on_the_last(
-        discord: FakeDiscord, messenger: DiscordMessenger) -> None:
+        discord: InMemoryDiscord, messenger: DiscordMessenger) -> None:
     paragraphs = [f"Paragraph {index}: " + "words " * 60 for index in range(20)]
     text = "\n\n".join(paragraph.strip() for paragraph in paragraphs)
     assert len(text) > TEXT_LIMIT
@@ -383,7 +237,7 @@ async def test_text_over_2000_characters_is_posted_as_several_messages_with_comp
 
 
 async def test_edit_over_2000_characters_raises_content_too_long_without_calling_discord(
-        discord: FakeDiscord, messenger: DiscordMessenger) -> None:
+        discord: InMemoryDiscord, messenger: DiscordMessenger) -> None:
     ref = await messenger.post(channel_place(), Content(text="status"))
     with pytest.raises(MessengerError) as raised:
         await messenger.edit(ref, Content(text="x" * (TEXT_LIMIT + 1)))
@@ -391,7 +245,7 @@ async def test_edit_over_2000_characters_raises_content_too_long_without_calling
     assert [call.method for call in discord.calls] == ["POST"]
 
 
-async def test_edit_without_components_removes_the_old_buttons(discord: FakeDiscord, messenger: DiscordMessenger) -> None:
+async def test_edit_without_components_removes_the_old_buttons(discord: InMemoryDiscord, messenger: DiscordMessenger) -> None:
     ref = await messenger.post(channel_place(), with_buttons("running"))
     await messenger.edit(ref, Content(text="done"))
     edit = discord.calls[-1]
@@ -402,7 +256,7 @@ async def test_edit_without_components_removes_the_old_buttons(discord: FakeDisc
 
 
 async def test_open_thread_posts_the_status_in_the_channel_then_starts_a_thread_from_it(
-        discord: FakeDiscord, messenger: DiscordMessenger) -> None:
+        discord: InMemoryDiscord, messenger: DiscordMessenger) -> None:
     title = Content(text="What changed in\nthe EU AI Act " + "and its annexes " * 20)
     opened = await messenger.open_thread(channel_place(), title=title, status=with_buttons("searching"))
     post, start = discord.calls
@@ -422,7 +276,7 @@ async def test_open_thread_posts_the_status_in_the_channel_then_starts_a_thread_
 
 
 async def test_thread_start_retried_after_a_lost_answer_uses_the_thread_already_made(
-        discord: FakeDiscord, messenger: DiscordMessenger) -> None:
+        discord: InMemoryDiscord, messenger: DiscordMessenger) -> None:
     discord.answer_next("POST", path_suffix="/threads", status=500, handled=True)
     opened = await messenger.open_thread(channel_place(), title=Content(text="Question"), status=Content(text="searching"))
     starts = [call for call in discord.calls if call.path.endswith("/threads")]
@@ -432,7 +286,7 @@ async def test_thread_start_retried_after_a_lost_answer_uses_the_thread_already_
 
 
 async def test_open_thread_in_direct_messages_creates_no_thread_and_the_thread_is_the_channel(
-        discord: FakeDiscord, messenger: DiscordMessenger) -> None:
+        discord: InMemoryDiscord, messenger: DiscordMessenger) -> None:
     place = Place(platform="discord", workspace=DIRECT_MESSAGES, channel=DM_CHANNEL)
     opened = await messenger.open_thread(place, title=Content(text="Question"), status=Content(text="searching"))
     [post] = discord.calls
@@ -444,7 +298,7 @@ async def test_open_thread_in_direct_messages_creates_no_thread_and_the_thread_i
     assert discord.calls[-1].path == f"/api/v10/channels/{DM_CHANNEL}/messages"
 
 
-async def test_upload_sends_multipart_with_payload_json_and_the_file_bytes(discord: FakeDiscord,
+async def test_upload_sends_multipart_with_payload_json_and_the_file_bytes(discord: InMemoryDiscord,
                                                                            messenger: DiscordMessenger) -> None:
     thread = "666666666666666666"
     data = "# Report\n\nEvery word kept, even ünïcödé.\n".encode()
@@ -461,7 +315,7 @@ async def test_upload_sends_multipart_with_payload_json_and_the_file_bytes(disco
     assert ref.message_id in discord.messages and ref.channel == thread
 
 
-async def test_upload_of_other_files_is_octet_stream_and_may_have_no_comment(discord: FakeDiscord,
+async def test_upload_of_other_files_is_octet_stream_and_may_have_no_comment(discord: InMemoryDiscord,
                                                                             messenger: DiscordMessenger) -> None:
     await messenger.upload(channel_place(), FileUpload(filename="report.html", data=b"<p>hi</p>"))
     [call] = discord.calls
@@ -469,7 +323,7 @@ async def test_upload_of_other_files_is_octet_stream_and_may_have_no_comment(dis
     assert call.files["files[0]"] == ("report.html", b"<p>hi</p>", "application/octet-stream")
 
 
-async def test_token_never_appears_in_errors_or_logs(discord: FakeDiscord, http: httpx.AsyncClient, clock: FakeClock,
+async def test_token_never_appears_in_errors_or_logs(discord: InMemoryDiscord, http: httpx.AsyncClient, clock: FakeClock,
                                                      caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
     messenger = DiscordMessenger(http, max_attempts=2, sleep=clock.sleep, clock=clock)

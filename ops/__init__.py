@@ -1,0 +1,1 @@
+"""Operating deepthread: health checks, Prometheus metrics and the small HTTP server that serves both."""

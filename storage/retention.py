@@ -1,0 +1,118 @@
+"""Retention: delete finished runs older than a cutoff with everything they own, in batches, on SQLite and PostgreSQL.
+
+A run goes when it is in a final state, was created before the cutoff, has no delivery retry
+waiting and no live lease (a delivery in progress). Its sources, passages, citations and events go
+with it; a conversation created before the cutoff that has no run left goes too, with its messages.
+Each batch is one transaction, so a long prune never holds the database for long.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from typing import Any
+
+from pydantic import BaseModel
+from sqlalchemy import ColumnElement, Select, and_, delete, exists, func, not_, or_, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from storage.db import database_now
+from storage.models import TERMINAL_STATES, Citation, Conversation, Event, Message, Passage, Run, Source
+
+RUNS_PER_BATCH = 500
+# Children before parents: citations point at passages, passages at sources.
+RUN_CHILDREN = (Citation, Passage, Source, Event)
+AGE_UNITS = {"m": dt.timedelta(minutes=1), "h": dt.timedelta(hours=1), "d": dt.timedelta(days=1),
+             "w": dt.timedelta(weeks=1)}
+AGE_PATTERN = re.compile(r"(\d+)\s*([mhdw])")
+
+
+class PruneCounts(BaseModel):
+    """What a prune deleted (or, dry, would delete), and in how many transactions."""
+
+    runs: int = 0
+    sources: int = 0
+    passages: int = 0
+    citations: int = 0
+    events: int = 0
+    conversations: int = 0
+    messages: int = 0
+    batches: int = 0
+
+
+def parse_age(text: str) -> dt.timedelta:
+    """`90d`, `12h`, `2w` or `30m` as a duration; raises ValueError for anything else."""
+    match = AGE_PATTERN.fullmatch(text.strip().lower())
+    if match is None or int(match.group(1)) == 0:
+        raise ValueError(f"{text!r} is not an age such as 90d, 12h, 2w or 30m")
+    return int(match.group(1)) * AGE_UNITS[match.group(2)]
+
+
+def _prunable(cutoff: dt.datetime, now: dt.datetime) -> ColumnElement[bool]:
+    return and_(Run.state.in_(sorted(TERMINAL_STATES)), Run.created_at < cutoff, Run.delivery_retry_at.is_(None),
+                or_(Run.lease_until.is_(None), Run.lease_until < now))
+
+
+def _runless_conversations(cutoff: dt.datetime, keeping: ColumnElement[bool] | None = None) -> Select[Any]:
+    """Conversations created before the cutoff with no run left (or none matching `keeping`)."""
+    runs_kept = select(Run.id).where(Run.conversation_id == Conversation.id)
+    if keeping is not None:
+        runs_kept = runs_kept.where(keeping)
+    return select(Conversation.id).where(Conversation.created_at < cutoff, not_(exists(runs_kept)))
+
+
+def _count(session: Session, model: Any, column: Any, ids: Select[Any]) -> int:
+    return session.scalar(select(func.count()).select_from(model).where(column.in_(ids))) or 0
+
+
+def count_prunable(sessions: sessionmaker[Session], cutoff: dt.datetime) -> PruneCounts:
+    """What `prune(sessions, cutoff)` would delete now, without deleting anything."""
+    with sessions() as session:
+        prunable = _prunable(cutoff, database_now(session))
+        runs = select(Run.id).where(prunable)
+        conversations = _runless_conversations(cutoff, keeping=not_(prunable))
+        return PruneCounts(
+            runs=_count(session, Run, Run.id, runs),
+            **{model.__tablename__: _count(session, model, model.run_id, runs) for model in RUN_CHILDREN},
+            conversations=_count(session, Conversation, Conversation.id, conversations),
+            messages=_count(session, Message, Message.conversation_id, conversations),
+        )
+
+
+def _locked(session: Session, query: Select[Any]) -> Select[Any]:
+    # On PostgreSQL rows another transaction holds (a delivery, a new run in an old thread) are left for the next prune.
+    return query.with_for_update(skip_locked=True) if session.get_bind().dialect.name == "postgresql" else query
+
+
+def _deleted(session: Session, statement: Any) -> int:
+    return session.execute(statement, execution_options={"synchronize_session": False}).rowcount or 0
+
+
+def prune(sessions: sessionmaker[Session], cutoff: dt.datetime, *, batch_size: int = RUNS_PER_BATCH) -> PruneCounts:
+    """Delete the finished runs created before `cutoff` with what they own, then the conversations left without runs."""
+    counts = PruneCounts()
+    while True:
+        with sessions.begin() as session:
+            query = select(Run.id).where(_prunable(cutoff, database_now(session))).order_by(Run.id).limit(batch_size)
+            run_ids = list(session.scalars(_locked(session, query)))
+            if not run_ids:
+                break
+            for model in RUN_CHILDREN:
+                deleted = _deleted(session, delete(model).where(model.run_id.in_(run_ids)))
+                setattr(counts, model.__tablename__, getattr(counts, model.__tablename__) + deleted)
+            counts.runs += _deleted(session, delete(Run).where(Run.id.in_(run_ids)))
+            counts.batches += 1
+    while True:
+        with sessions.begin() as session:
+            query = _runless_conversations(cutoff).order_by(Conversation.id).limit(batch_size)
+            conversation_ids = list(session.scalars(_locked(session, query)))
+            if not conversation_ids:
+                break
+            # Checked again as it deletes: a reply in an old thread may have started a run since the read.
+            still_runless = _runless_conversations(cutoff).where(Conversation.id.in_(conversation_ids))
+            counts.messages += _deleted(session, delete(Message).where(Message.conversation_id.in_(still_runless)))
+            counts.conversations += _deleted(session, delete(Conversation).where(
+                Conversation.id.in_(conversation_ids),
+                not_(exists(select(Run.id).where(Run.conversation_id == Conversation.id)))))
+            counts.batches += 1
+    return counts

@@ -1,0 +1,133 @@
+"""`deepthread prune` and its storage on the migrated schema, on SQLite and on a real PostgreSQL."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+from typer.testing import CliRunner
+
+from bot.cli import app
+from storage.db import make_engine, make_session_factory
+from storage.migrate import upgrade
+from storage.models import Citation, Conversation, Event, Message, Passage, Run, Source
+from storage.retention import PruneCounts, count_prunable, parse_age, prune
+
+pytestmark = pytest.mark.integration
+
+NOW = dt.datetime.now(dt.timezone.utc)
+OLD = NOW - dt.timedelta(days=100)
+CUTOFF = NOW - dt.timedelta(days=90)
+
+
+class Threads:
+    """Stores conversations and runs with everything a run gathers, at chosen ages."""
+
+    def __init__(self, sessions: sessionmaker[Session]) -> None:
+        self.sessions = sessions
+        self.count = 0
+
+    def conversation(self, created_at: dt.datetime = OLD, messages: int = 2) -> int:
+        self.count += 1
+        with self.sessions.begin() as session:
+            conversation = Conversation(platform="slack", workspace="T1", channel="C1", thread=f"{self.count}.0",
+                                        created_by="slack:U1", created_at=created_at)
+            session.add(conversation)
+            session.add_all([Message(conversation=conversation, role="user", author="slack:U1", text=f"m{index}",
+                                     created_at=created_at) for index in range(messages)])
+            session.flush()
+            return conversation.id
+
+    def run(self, conversation_id: int, *, created_at: dt.datetime = OLD, state: str = "done", **fields) -> int:
+        """A run with 2 sources, 3 passages, 2 citations and 4 events."""
+        with self.sessions.begin() as session:
+            run = Run(conversation_id=conversation_id, workspace="T1", mode="research", question="q", state=state,
+                      requested_by="slack:U1", created_at=created_at, **fields)
+            sources = [Source(run=run, source_id=f"s{index}", url=f"https://example.com/{index}") for index in (1, 2)]
+            passages = [Passage(run=run, source=sources[index % 2], passage_id=f"p{index}", text="t", start=0, end=1)
+                        for index in (1, 2, 3)]
+            citations = [Citation(run=run, passage=passages[index], sentence="s", verdict="supported") for index in (0, 1)]
+            events = [Event(run=run, seq=seq, type="progress", payload={}, at=created_at) for seq in (1, 2, 3, 4)]
+            session.add_all([run, *sources, *passages, *citations, *events])
+            session.flush()
+            return run.id
+
+    def left(self, model: type) -> int:
+        with self.sessions() as session:
+            return session.scalar(select(func.count()).select_from(model))
+
+    def ids(self, model: type) -> set[int]:
+        with self.sessions() as session:
+            return set(session.scalars(select(model.id)))
+
+
+def test_parse_age_reads_minutes_hours_days_and_weeks() -> None:
+    assert [parse_age(text) for text in ("90d", "12h", "2w", "30m", " 7D ")] == [
+        dt.timedelta(days=90), dt.timedelta(hours=12), dt.timedelta(weeks=2), dt.timedelta(minutes=30),
+        dt.timedelta(days=7)]
+    for bad in ("90", "d", "0d", "1y", "-3d", "1.5d", ""):
+        with pytest.raises(ValueError):
+            parse_age(bad)
+
+
+def test_prune_deletes_old_finished_runs_with_everything_they_own_and_keeps_the_rest(
+        sessions: sessionmaker[Session]) -> None:
+    threads = Threads(sessions)
+    gone_thread = threads.conversation()
+    gone_runs = {threads.run(gone_thread), threads.run(gone_thread, state="failed")}
+    shared_thread = threads.conversation()
+    gone_runs.add(threads.run(shared_thread, state="cancelled"))
+    kept_runs = {threads.run(shared_thread, created_at=NOW - dt.timedelta(days=1))}
+    running_thread = threads.conversation()
+    kept_runs.add(threads.run(running_thread, state="running"))
+    retrying_thread = threads.conversation()
+    kept_runs.add(threads.run(retrying_thread, delivery_retry_at=NOW + dt.timedelta(minutes=5)))
+    delivering_thread = threads.conversation()
+    kept_runs.add(threads.run(delivering_thread, lease_owner="delivering", lease_until=NOW + dt.timedelta(minutes=5)))
+    runless_old_thread = threads.conversation(messages=3)
+    recent_thread = threads.conversation(created_at=NOW - dt.timedelta(days=3))
+    kept_runs.add(threads.run(recent_thread, created_at=NOW - dt.timedelta(days=3), state="timed_out"))
+
+    expected = PruneCounts(runs=3, sources=6, passages=9, citations=6, events=12, conversations=2, messages=5)
+    assert count_prunable(sessions, CUTOFF) == expected
+    assert threads.left(Run) == 8 and threads.left(Citation) == 16, "a dry run deletes nothing"
+
+    counts = prune(sessions, CUTOFF, batch_size=2)
+    assert counts == expected.model_copy(update={"batches": 3})  # two batches of runs, one of conversations
+    assert threads.ids(Run) == kept_runs
+    assert threads.ids(Conversation) == {shared_thread, running_thread, retrying_thread, delivering_thread,
+                                         recent_thread}
+    assert gone_thread not in threads.ids(Conversation) and runless_old_thread not in threads.ids(Conversation)
+    with sessions() as session:
+        for model in (Source, Passage, Citation, Event):
+            assert not set(session.scalars(select(model.run_id).where(model.run_id.in_(gone_runs)))), model.__name__
+        assert session.scalar(select(func.count()).select_from(Message).where(
+            Message.conversation_id == shared_thread)) == 2, "a thread with a run left keeps its messages"
+    assert threads.left(Source) == 2 * len(kept_runs) and threads.left(Event) == 4 * len(kept_runs)
+    assert prune(sessions, CUTOFF) == PruneCounts(), "a second prune finds nothing"
+
+
+def test_prune_command_counts_on_a_dry_run_then_deletes(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    url = f"sqlite:///{tmp_path}/deepthread.db"
+    monkeypatch.setenv("DATABASE_URL", url)
+    engine = make_engine(url)
+    upgrade(url, engine=engine)
+    threads = Threads(make_session_factory(engine))
+    threads.run(threads.conversation())
+    runner = CliRunner()
+
+    dry = runner.invoke(app, ["prune", "--older-than", "90d", "--dry-run"])
+    assert dry.exit_code == 0, dry.output
+    assert dry.output.startswith("Would delete 1 run created before ") and "4 events" in dry.output
+    assert threads.left(Run) == 1
+
+    done = runner.invoke(app, ["prune", "--older-than", "90d"])
+    assert done.exit_code == 0, done.output
+    assert done.output.startswith("Deleted 1 run ") and "1 conversation left with no run, with 2 messages" in done.output
+    assert threads.left(Run) == 0 and threads.left(Message) == 0
+
+    bad = runner.invoke(app, ["prune", "--older-than", "90 days"])
+    assert bad.exit_code == 2 and "not an age such as 90d" in bad.output
+    engine.dispose()
