@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
 
@@ -64,6 +64,25 @@ class Messenger(Protocol):
     async def open_thread(self, place: Place, *, title: Content, status: Content) -> OpenedThread:
         """Open a thread in `place`'s channel for a new request, with `status` as the run's status message (each
         platform shapes it its own way: under a title message, or started from the status message itself)."""
+        ...
+
+
+@runtime_checkable
+class AnswerStreaming(Protocol):
+    """A messenger that can show an answer as it is written (Slack's streamed messages); a messenger without these
+    methods gets the answer posted whole. Every method raises MessengerError as `Messenger`'s do."""
+
+    async def start_stream(self, place: Place, text: str, *, recipient: str) -> MessageRef:
+        """Open a message in `place` showing `text`, to grow as more arrives; `recipient` is the platform user who
+        asked (a stream in a channel is shown to them)."""
+        ...
+
+    async def append_stream(self, ref: MessageRef, text: str) -> None:
+        """Add `text` to the end of the streamed message."""
+        ...
+
+    async def stop_stream(self, ref: MessageRef) -> None:
+        """End the stream: the message keeps what it shows and can be edited like any other."""
         ...
 
 

@@ -30,5 +30,6 @@ class OutboundPlatform(Protocol):
 
     def outbound(self, settings: Settings) -> Outbound | None:
         """The messenger and renderer the worker delivers with; None when the platform shows runs itself (the
-        terminal follows stored events); raises LookupError naming the missing setting when it is not configured."""
+        terminal follows stored events and answer drafts, storage.answer_drafts); raises LookupError naming the
+        missing setting when it is not configured."""
         ...

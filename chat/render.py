@@ -8,6 +8,7 @@ from typing import Protocol
 
 from pydantic import BaseModel, Field
 
+from chat.history import RunHistory
 from chat.message import Content, FileUpload
 from chat.state import RunProgress
 from research.report import Report
@@ -40,6 +41,10 @@ class PlatformRenderer(Protocol):
     def reply(self, text: str, *, person: str | None = None) -> Content:
         """A reply the conversation core wrote in neutral markup (`**bold**`, `` `code` ``, `•` lists), with
         `person` (a platform-qualified user id) mentioned where the text says `{person}`."""
+        ...
+
+    def history(self, history: RunHistory) -> Content:
+        """A person's run history (question, state, date, a link to each run's thread where the platform has one)."""
         ...
 
 

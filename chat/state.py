@@ -39,6 +39,14 @@ class PhaseLine(BaseModel):
         return PHASE_LABELS.get(self.name, self.name)
 
 
+class PageRead(BaseModel):
+    """A page the run has read, as a task's source: its address and title."""
+
+    source_id: str
+    url: str
+    title: str = ""
+
+
 class RunProgress(BaseModel):
     """What the status message shows about one run at one moment."""
 
@@ -62,6 +70,8 @@ class RunProgress(BaseModel):
     cancelled_by: str | None = None
     queue_position: int | None = None
     audit_line: str | None = None
+    sub_questions: list[str] = Field(default_factory=list)
+    pages_read: list[PageRead] = Field(default_factory=list)
 
     @property
     def current_phase(self) -> str | None:
@@ -114,6 +124,12 @@ def apply_event(progress: RunProgress, event: Any) -> RunProgress:
         update["percent"] = max(progress.percent, event.percent)
     elif kind == "warning":
         update.update(warnings=progress.warnings + 1, last_warning=event.message)
+    elif kind == "plan_ready":
+        update["sub_questions"] = list(event.sub_questions)
+    elif kind == "sources_read":
+        known = {page.source_id for page in progress.pages_read}
+        update["pages_read"] = [*progress.pages_read, *(PageRead(source_id=page.source_id, url=page.url, title=page.title)
+                                                       for page in event.pages if page.source_id not in known)]
     elif kind == "complete":
         update.update(state="done", percent=100.0, partial=event.partial, partial_reason=event.partial_reason,
                       phases=[line.model_copy(update={"status": "done" if line.status in ("current", "done") else line.status})

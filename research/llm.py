@@ -24,7 +24,10 @@ from typing import Any, Literal, TypeVar
 import httpx
 import openai
 from openai.types.chat import ChatCompletion
+from openai.types.completion_usage import CompletionUsage
 from pydantic import BaseModel, Field, ValidationError, field_validator
+
+from research.models import ModelUsage
 
 DEFAULT_LLM_BASE_URL = "https://api.openai.com/v1"
 # The SDK refuses an empty key, and local servers (Ollama, vLLM, LM Studio) ignore whatever is sent.
@@ -37,7 +40,7 @@ MAX_REPAIR_ERRORS_SHOWN = 8
 T = TypeVar("T", bound=BaseModel)
 Message = dict[str, Any]
 ResponseFormatMode = Literal["json_schema", "json_object", "prompt_only"]
-AdaptableParameter = Literal["response_format", "temperature", "max_tokens", "reasoning_effort"]
+AdaptableParameter = Literal["response_format", "temperature", "max_tokens", "reasoning_effort", "stream_options"]
 ReasoningEffort = Literal["minimal", "low", "medium", "high"]
 # What a model is asked when its answer stopped at the output limit: go on, without repeating itself.
 CONTINUE_INSTRUCTION = ("Your answer was cut off at the output limit. Continue exactly where it stopped, mid-sentence "
@@ -123,16 +126,6 @@ class UsageRecord(BaseModel):
     estimated: bool = False
 
 
-class ModelUsage(BaseModel):
-    """Running totals for one model."""
-
-    calls: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cost: float = 0.0
-    estimated_calls: int = 0
-
-
 class UsageLedger(BaseModel):
     """Usage accumulated over a client's calls, per model."""
 
@@ -169,6 +162,9 @@ class UsageLedger(BaseModel):
 
 
 OnUsage = Callable[[UsageRecord], Awaitable[None]]
+# Called with the whole visible answer so far (not a delta): a reader that sees it no longer extend what it showed
+# knows the model started over (a reasoning prefix ended, or it was asked again).
+OnText = Callable[[str], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -209,6 +205,25 @@ def strip_reasoning(text: str) -> str:
     # A `<think>` never closed means the answer was cut off mid-reasoning: none of it is for users.
     text = _UNCLOSED_REASONING.sub("", text)
     return text.strip()
+
+
+_REASONING_TAGS = ("<think>", "</think>", "<thinking>", "</thinking>")
+_OPENING_FENCE = re.compile(r"^```[a-zA-Z0-9_-]*[ \t]*\n")
+
+
+def visible_streamed_text(raw: str) -> str:
+    """What may be shown of an answer still arriving: reasoning removed as `strip_reasoning` does, a tag or fence
+    still being written held back, an opening Markdown fence dropped (the finished answer is cleaned in full later)."""
+    cut = raw.rfind("<")
+    if cut != -1 and any(tag.startswith(raw[cut:].lower()) for tag in _REASONING_TAGS):
+        raw = raw[:cut]  # maybe the start of a reasoning tag: wait for the rest
+    text = strip_reasoning(raw)
+    if text.startswith("```"):
+        if "\n" not in text:
+            return ""  # the fence's opening line is still being written
+        text = _OPENING_FENCE.sub("", text, count=1)
+    # Backticks at the end may be a closing fence on its way.
+    return text.rstrip("`").rstrip()
 
 
 def _continuation_text(raw: str) -> str:
@@ -391,6 +406,8 @@ def _rejected_parameter(error: openai.APIStatusError) -> AdaptableParameter | No
         return "max_tokens"
     if parameter in ("reasoning_effort", "reasoning") or "reasoning_effort" in text:
         return "reasoning_effort"
+    if parameter.startswith("stream_options") or "stream_options" in text:
+        return "stream_options"
     return None
 
 
@@ -433,6 +450,7 @@ class EndpointQuirks:
     response_format_mode: ResponseFormatMode = "json_schema"
     send_temperature: bool = True
     send_reasoning_effort: bool = True
+    send_stream_options: bool = True
     token_limit_parameter: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
 
     def adapt_to(self, rejected: AdaptableParameter) -> bool:
@@ -442,6 +460,9 @@ class EndpointQuirks:
             return True
         if rejected == "reasoning_effort" and self.send_reasoning_effort:
             self.send_reasoning_effort = False
+            return True
+        if rejected == "stream_options" and self.send_stream_options:
+            self.send_stream_options = False
             return True
         if rejected == "max_tokens" and self.token_limit_parameter == "max_tokens":
             self.token_limit_parameter = "max_completion_tokens"
@@ -528,24 +549,27 @@ class LLMClient:
         fast: bool = False,
         max_tokens: int | None = None,
         temperature: float = 0.2,
+        on_text: OnText | None = None,
     ) -> LongAnswer:
         """A free-text answer that may need the whole output budget (a report): one cut off while still thinking is
         asked again with twice the room, one cut off mid-text is continued (up to `MAX_CONTINUATIONS` times);
-        `cut_off` says it still did not end. Raises LLMError as `complete`."""
+        `cut_off` says it still did not end. Given `on_text`, the answer is streamed and `on_text` gets the visible
+        text so far as it grows (never a reasoning block). Raises LLMError as `complete`."""
         limit = max_tokens or self.config.max_output_tokens
         answer = await self._chat(messages, task=task, fast=fast, max_tokens=limit, temperature=temperature,
-                                  response_format=None)
+                                  response_format=None, on_text=on_text)
         if answer.cut_off and not strip_reasoning(answer.content):
             # It spent the whole budget thinking: thinking needs room, so ask once more with twice as much.
             answer = await self._chat(messages, task=task, fast=fast, max_tokens=limit * 2, temperature=temperature,
-                                      response_format=None)
+                                      response_format=None, on_text=on_text)
         text = strip_reasoning(answer.content)
         continuations = 0
         while answer.cut_off and text and continuations < MAX_CONTINUATIONS:
             continued = [*messages, {"role": "assistant", "content": text},
                          {"role": "user", "content": CONTINUE_INSTRUCTION}]
             answer = await self._chat(continued, task=f"{task}_continued", fast=fast, max_tokens=limit,
-                                      temperature=temperature, response_format=None)
+                                      temperature=temperature, response_format=None, on_text=on_text,
+                                      shown_before=text)
             piece = _continuation_text(answer.content)
             continuations += 1
             if piece.strip() and text.lstrip().startswith(piece.strip()[:RESTART_PREFIX_CHARS]):
@@ -626,14 +650,21 @@ class LLMClient:
         max_tokens: int | None,
         temperature: float,
         response_format: dict[str, Any] | None,
+        on_text: OnText | None = None,
+        shown_before: str = "",
     ) -> ChatAnswer:
-        """One chat completion's raw content and finish reason; adapts to parameters the endpoint refuses, records
-        usage, translates errors."""
+        """One chat completion's raw content and finish reason (streamed to `on_text` when given); adapts to
+        parameters the endpoint refuses, records usage, translates errors."""
         model = self.config.model_for(fast=fast)
         started = time.monotonic()
         while True:
             arguments = self._arguments(messages, model, max_tokens, temperature, response_format)
             try:
+                if on_text is not None:
+                    answer, usage = await self._streamed(arguments, on_text, shown_before)
+                    await self._record_usage(usage, messages, answer.content, task=task, model=model,
+                                             seconds=time.monotonic() - started)
+                    return answer
                 completion = await self._sdk.chat.completions.create(**arguments)
                 break
             except openai.APIStatusError as error:
@@ -647,9 +678,35 @@ class LLMClient:
             except openai.OpenAIError as error:
                 raise translate_error(error, self.config, model) from error
         answer = _completion_answer(completion)
-        await self._record_usage(completion, messages, answer.content, task=task, model=model,
+        await self._record_usage(completion.usage, messages, answer.content, task=task, model=model,
                                  seconds=time.monotonic() - started)
         return answer
+
+    async def _streamed(self, arguments: dict[str, Any], on_text: OnText,
+                        shown_before: str) -> tuple[ChatAnswer, CompletionUsage | None]:
+        """One completion streamed (server-sent events), `on_text` told each time the visible text (after
+        `shown_before`, for a continuation) grows or changes; `reasoning_content` deltas are never read, as in
+        `_completion_answer`."""
+        streaming = {**arguments, "stream": True}
+        if self.quirks.send_stream_options:
+            streaming["stream_options"] = {"include_usage": True}
+        raw, shown, finish_reason, usage = "", "", None, None
+        stream = await self._sdk.chat.completions.create(**streaming)
+        async with stream:
+            async for chunk in stream:
+                usage = chunk.usage or usage
+                if not chunk.choices:
+                    continue
+                choice = chunk.choices[0]
+                finish_reason = choice.finish_reason or finish_reason
+                if not choice.delta.content:
+                    continue
+                raw += choice.delta.content
+                visible = shown_before + _streamed_continuation(raw) if shown_before else visible_streamed_text(raw)
+                if visible != shown:
+                    shown = visible
+                    await on_text(visible)
+        return ChatAnswer(content=raw, finish_reason=finish_reason), usage
 
     def _arguments(
         self,
@@ -671,9 +728,9 @@ class LLMClient:
         return arguments
 
     async def _record_usage(
-        self, completion: ChatCompletion, messages: Sequence[Message], answer: str, *, task: str, model: str, seconds: float,
+        self, usage: CompletionUsage | None, messages: Sequence[Message], answer: str, *, task: str, model: str,
+        seconds: float,
     ) -> None:
-        usage = completion.usage
         if usage is not None:
             prompt_tokens, completion_tokens, estimated = usage.prompt_tokens, usage.completion_tokens, False
         else:
@@ -686,6 +743,12 @@ class LLMClient:
         self.ledger.add(record)
         if self._on_usage is not None:
             await self._on_usage(record)
+
+
+def _streamed_continuation(raw: str) -> str:
+    """A continuation's visible text so far, keeping the white space it starts with (it joins the text before it)."""
+    visible = visible_streamed_text(raw)
+    return raw[:1] + visible if visible and raw[:1].isspace() and raw.lstrip().startswith(visible[:1]) else visible
 
 
 def _completion_answer(completion: ChatCompletion) -> ChatAnswer:

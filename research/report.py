@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field, computed_field, model_validator
 
 from research.markdown import code_fences
 
-from research.llm import ModelUsage
+from research.models import ModelUsage
 
 STOPPED_BY_USER_LINE = "[Research stopped by user]"
 STOPPED_TITLE = "Research stopped"
@@ -102,6 +102,7 @@ class Report(BaseModel):
     skipped_providers: dict[str, str] = Field(default_factory=dict)
     stopped_by_user: bool = False
     plan: dict[str, Any] | None = None
+    model: str | None = None  # the LLM that wrote it, named in the honest-framing line
     created_at: dt.datetime = Field(default_factory=_now)
 
     @model_validator(mode="after")
@@ -227,6 +228,15 @@ def usage_line(report: Report) -> str:
     return SEPARATOR.join([tokens, f"${usage.cost:,.4f}", _format_seconds(usage.seconds)])
 
 
+def ai_framing_line(report: Report) -> str:
+    """The line that says an AI wrote this (naming the model when known) and what it was written from."""
+    model = _single_line(report.model or "")
+    author = f"Written by AI ({model})" if model else "Written by AI"
+    if report.sources:
+        return f"{author} from the sources listed — check the citations."
+    return f"{author} without web sources — check it before relying on it."
+
+
 def partial_notice(report: Report) -> str | None:
     """The sentence that says the report is partial and why, or None for a complete report."""
     if not report.partial:
@@ -264,7 +274,8 @@ def render_markdown(report: Report) -> str:
     if report.sources:
         # Two trailing spaces make a hard line break, so each source stays on its own line everywhere.
         sections.append("## Sources\n\n" + "  \n".join(_markdown_source_line(source) for source in report.sources))
-    footer = [line for line in (partial_notice(report), audit_line(report), usage_line(report)) if line]
+    footer = [line for line in (ai_framing_line(report), partial_notice(report), audit_line(report),
+                                usage_line(report)) if line]
     sections.append("---\n\n" + "  \n".join(footer))
     if stopped := stopped_line(report):
         sections.append(stopped)
@@ -537,7 +548,8 @@ def _html_source_item(source: ReportSource, passages: Sequence[CitedPassage]) ->
 
 
 def _html_footer(report: Report) -> str:
-    lines = [f'<p class="partial">{_escape(notice)}</p>' for notice in [partial_notice(report)] if notice]
+    lines = [f'<p class="ai-framing">{_escape(ai_framing_line(report))}</p>']
+    lines.extend(f'<p class="partial">{_escape(notice)}</p>' for notice in [partial_notice(report)] if notice)
     if audit_line(report):
         lines.append(f'<p class="audit">{_escape(audit_line(report))}</p>')
     lines.append(f'<p class="usage">{_escape(usage_line(report))}</p>')

@@ -73,6 +73,8 @@ class Conversation(Base):
     channel: Mapped[str] = mapped_column(String(64))
     thread: Mapped[str] = mapped_column(String(64))
     created_by: Mapped[str] = mapped_column(String(64))
+    # Who can see the channel: a private channel's or a DM's runs are listed only in that channel's history.
+    visibility: Mapped[str] = mapped_column(String(16), default="private", server_default=text("'private'"))
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
     messages: Mapped[list[Message]] = relationship(
@@ -238,3 +240,23 @@ class Event(Base):
     at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
     run: Mapped[Run] = relationship(back_populates="events")
+
+
+class Feedback(Base):
+    """One person's 👍 (+1) or 👎 (-1) on a run's report or answer, with what was wrong when they said."""
+
+    __tablename__ = "feedback"
+    # One verdict per person and run: a second click changes it rather than counting twice.
+    __table_args__ = (UniqueConstraint("run_id", "user", name="uq_feedback_run_user"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    user: Mapped[str] = mapped_column(String(64))
+    value: Mapped[int] = mapped_column(Integer)
+    comment: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+# The Slack OAuth tables join this metadata, so migrations and their drift check see them.
+import storage.installations  # noqa: E402, F401

@@ -16,5 +16,5 @@ def configured(settings: Settings) -> bool:
     return True
 
 
-# No outbound part: the terminal redraws its runs from their stored events, so the worker delivers nothing here.
+# No outbound part: the terminal redraws its runs from their stored events (and answers from their drafts in Redis).
 BUNDLE = PlatformBundle(name=NAME, configured=configured)

@@ -2,7 +2,8 @@
 
 Lines become events in the session's thread: a question, `/plan …`, `/research …`, `/ask …`,
 follow-ups, `go`. Runs execute in the workers; this process follows each run's stored events,
-redraws its status in place, and prints the report. Ctrl-C stops the running job (a second
+redraws its status in place, shows a chat or follow-up answer as the model writes it (the worker's draft in Redis),
+and prints the report. Ctrl-C stops the running job (a second
 Ctrl-C, or Ctrl-C at the prompt, leaves). The terminal's own commands (`/help`, `/history`, `/runs`,
 `/export`, `/quit`) are answered here and never reach the core.
 """
@@ -28,12 +29,14 @@ from sqlalchemy.orm import Session, sessionmaker
 from bot.console.bundle import TERMINAL, TERMINAL_USER
 from bot.conversation.core import ConversationCore
 from bot.conversation.events import ChatEvent
+from bot.conversation.history import run_history
 from chat.message import MessageRef, Place
 from chat.console.messenger import ConsoleMessenger, renderable_for
 from chat.console.render import ConsoleRenderer
+from chat.history import mode_name
 from chat.state import RunProgress, initial_progress, progress_of_stored_run
-from chat.text import shortened, single_line
 from research.report import Report
+from storage.answer_drafts import AnswerDraftReader
 from storage.models import Conversation, Event, Run
 from storage.shared_limits import live_workers
 from worker.headless import RUNS_HEADER, export_run, recent_runs
@@ -44,9 +47,7 @@ GREETING = ("deepthread — ask a question, or start with /research, /plan or /a
             "[bold]/quit[/] (or Ctrl-D) leaves.")
 HISTORY_LIMIT = 10
 RUNS_LIMIT = 20
-QUESTION_DISPLAY_LIMIT = 70
 EXPORT_FORMATS = ("md", "html", "json")
-MODE_NAMES = {"chat": "quick answer", "followup": "follow-up"}
 # Workers beat every 2 s with a 6 s lifetime, so 5 s without one is not a beat missed in passing.
 NO_WORKER_GRACE_SECONDS = 5.0
 NO_WORKER = ("No worker is running, so this run waits in the queue. Start one with `deepthread worker` in another "
@@ -70,6 +71,7 @@ HELP_SECTIONS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
         ("dig deeper", "more research on the same question, or on a narrower one: dig deeper: costs"),
         ("retry", "run a failed or stopped run again"),
         ("continue", "research further from where the last report stopped"),
+        ("export md|html|json", "save this session's latest report in DATA_DIR/exports"),
         ("Ctrl-C", "cancel the running job and keep what was found (a second Ctrl-C leaves)"),
     )),
     ("Commands", (
@@ -112,6 +114,8 @@ def chat_command(line: str) -> ChatCommand | None:
         return ChatCommand(name=name or "unknown", arguments=arguments, word=words[0])
     if head == "export" and arguments and arguments[0].lstrip("#").isdigit() and len(arguments) <= 2:
         return ChatCommand(name="export", arguments=arguments, word=head)
+    if head == "export" and len(arguments) == 1 and arguments[0].lower() in EXPORT_FORMATS:
+        return ChatCommand(name="export", arguments=arguments, word=head)  # this session's latest report
     # A bare word is a command only when alone: "history of tidal power" is a question.
     if not arguments and head in COMMAND_WORDS:
         return ChatCommand(name=COMMAND_WORDS[head], word=head)
@@ -153,18 +157,49 @@ class WorkerWatch:
         return True
 
 
+class AnswerDraftView:
+    """A chat or follow-up answer shown live below its run's status as the model writes it, taken down before the
+    audited answer is printed (on a console that is not a terminal, live messages are never drawn: only the answer)."""
+
+    def __init__(self, messenger: ConsoleMessenger, renderer: ConsoleRenderer, place: Place) -> None:
+        self.messenger = messenger
+        self.renderer = renderer
+        self.place = place
+        self.ref: MessageRef | None = None
+        self.text = ""
+
+    async def show(self, draft: str | None) -> None:
+        """Draw `draft` (the whole answer so far) in place of the last one; nothing to draw leaves the screen as is."""
+        if not draft or not draft.strip() or draft == self.text:
+            return
+        content = self.renderer.draft(draft)
+        if self.ref is None:
+            self.ref = await self.messenger.post(self.place, content)
+        else:
+            await self.messenger.edit(self.ref, content)
+        self.text = draft
+
+    async def take_down(self) -> None:
+        """Remove the draft from the screen, if one was drawn."""
+        if self.ref is not None:
+            await self.messenger.withdraw(self.ref)
+            self.ref = None
+
+
 class TerminalChat:
     """One terminal session: a thread of its own in the database, runs executed by the workers.
 
     `exports` is where `/export` writes (DATA_DIR/exports unless given); `workers_alive` lists the live
-    workers and `clock`/`sleep` pace the following of a run (tests pass fakes of all three).
+    workers, `answer_drafts` reads a run's answer as far as the model has written it (from Redis unless given), and
+    `clock`/`sleep` pace the following of a run (tests pass fakes of them).
     """
 
     def __init__(self, core: ConversationCore, sessions: sessionmaker[Session], messenger: ConsoleMessenger,
                  console: Console, read_line: Callable[[str], str] = input, *, exports: Path | None = None,
                  workers_alive: Callable[[], list[str]] | None = None, no_worker: str = NO_WORKER,
                  clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 answer_drafts: Callable[[int], str | None] | None = None) -> None:
         self.core = core
         self.sessions = sessions
         self.messenger = messenger
@@ -177,6 +212,7 @@ class TerminalChat:
         self.no_worker = no_worker
         self.clock = clock
         self.sleep = sleep
+        self.answer_drafts = answer_drafts or AnswerDraftReader(self.core.queue.redis)
 
     @property
     def exports(self) -> Path:
@@ -235,7 +271,8 @@ class TerminalChat:
             await self.follow(outcome.run_id)
 
     async def follow(self, run_id: int) -> None:
-        """Redraw the run's status from its stored events until it ends; Ctrl-C cancels it."""
+        """Redraw the run's status from its stored events, and its answer as it is written, until it ends; Ctrl-C
+        cancels it."""
         loop = asyncio.get_running_loop()
         stop_requests = 0
 
@@ -249,24 +286,28 @@ class TerminalChat:
 
         loop.add_signal_handler(signal.SIGINT, on_interrupt)
         watch = WorkerWatch(NO_WORKER_GRACE_SECONDS, self.clock)
+        draft = AnswerDraftView(self.messenger, self.renderer, _place(self.thread))
         try:
             with self.sessions() as session:
                 run = session.get(Run, run_id)
                 status = MessageRef.model_validate(run.status_message)
                 progress = initial_progress(run_id=run.id, mode=run.mode, question=run.question,
                                             requested_by=run.requested_by)
-            self.console.print(Text(f"Run {run_id} · {MODE_NAMES.get(progress.mode, progress.mode)}", style="dim"))
+            self.console.print(Text(f"Run {run_id} · {mode_name(progress.mode)}", style="dim"))
             while True:
                 progress, run = await asyncio.to_thread(self._progress, run_id, progress)
                 await self.messenger.edit(status, self.renderer.status(progress, now=_now()))
                 if run.finished:
                     break
+                if run.state == "running":
+                    await draft.show(await asyncio.to_thread(self.answer_drafts, run_id))
                 if run.state == "queued" and not watch.told:
                     if watch.should_tell(bool(await asyncio.to_thread(self.workers_alive))):
                         self.console.print(renderable_for(self.renderer.reply(self.no_worker)))
                 await self.sleep(POLL_SECONDS)
         finally:
             loop.remove_signal_handler(signal.SIGINT)
+        await draft.take_down()  # the audited answer below replaces it
         self.messenger.close()
         if run.report_json is not None:
             delivery = self.renderer.report(Report.model_validate(run.report_json), requester=TERMINAL_USER)
@@ -292,25 +333,30 @@ class TerminalChat:
             return progress, run
 
     def _history(self) -> RenderableType:
-        """This terminal's latest runs (every session's), newest first, as a table."""
+        """This terminal's latest runs (every session's), newest first, as the conversation core lists them."""
+        with self.sessions() as session:
+            history = run_history(session, platform=TERMINAL.platform, workspace=TERMINAL.workspace,
+                                  channel=TERMINAL.channel, user=TERMINAL_USER, limit=HISTORY_LIMIT)
+        return renderable_for(self.renderer.history(history))
+
+    def _latest_report_run(self) -> int | None:
+        """The id of this session's latest run with a report, if any."""
+        if self.thread is None:
+            return None
         with self.sessions() as session:
             runs = session.scalars(select(Run).join(Conversation).where(
                 Conversation.platform == TERMINAL.platform, Conversation.workspace == TERMINAL.workspace,
-                Conversation.channel == TERMINAL.channel).order_by(Run.id.desc()).limit(HISTORY_LIMIT)).all()
-            if not runs:
-                return Text("No runs yet in this terminal: ask a question to start one.")
-            table = Table(box=None, header_style="dim", pad_edge=False)
-            for heading in ("Run", "State", "Mode", "When (UTC)"):
-                table.add_column(heading, no_wrap=True)
-            table.add_column("Question", no_wrap=True, overflow="ellipsis")
-            for run in runs:
-                table.add_row(str(run.id), run.state, MODE_NAMES.get(run.mode, run.mode),
-                              f"{run.created_at:%Y-%m-%d %H:%M}",
-                              Text(shortened(single_line(run.question), QUESTION_DISPLAY_LIMIT)))
-            return table
+                Conversation.channel == TERMINAL.channel, Conversation.thread == self.thread).order_by(Run.id.desc()))
+            return next((run.id for run in runs if run.report_json is not None), None)
 
     def _export(self, arguments: tuple[str, ...]) -> Text:
-        """Write a run's report under `exports`; the text says where, or why it could not."""
+        """Write a run's report (without a run id, this session's latest) under `exports`; the text says where, or
+        why it could not."""
+        if len(arguments) == 1 and arguments[0].lower() in EXPORT_FORMATS:
+            latest = self._latest_report_run()
+            if latest is None:
+                return Text(f"No report in this session yet. {EXPORT_USAGE}")
+            arguments = (str(latest), arguments[0])
         if not arguments or len(arguments) > 2 or not arguments[0].lstrip("#").isdigit():
             return Text(EXPORT_USAGE)
         run_id = int(arguments[0].lstrip("#"))

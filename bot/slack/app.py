@@ -17,7 +17,7 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel
 from slack_bolt.async_app import AsyncAck, AsyncApp, AsyncBoltContext, AsyncRespond
@@ -26,23 +26,33 @@ from slack_bolt.response import BoltResponse
 from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.conversation.events import ChatEvent, ConversationHandler, HistoryMessage, Outcome, Reply
+from bot.conversation.events import ChatEvent, ConversationHandler, HistoryMessage, Outcome, Reply, Visibility
 from chat.slack.messenger import build_slack_client
 from chat.slack.render import SlackRenderer
-from bot.slack.bundle import missing_adapter_setting
+from bot.slack.assistant import build_assistant
+from bot.slack.bundle import missing_adapter_setting, oauth_mode
 from bot.slack.dedupe import EventDeduper, MemoryReplayGuard, ReplayGuard, request_fingerprint
+from bot.slack.feedback import COMMENT_CALLBACK_ID, CommentContext, ask_what_was_wrong, comment_event, feedback_event
+from chat.slack.feedback import FEEDBACK_ACTION_ID
 from config import Settings
+
+if TYPE_CHECKING:
+    from bot.slack.oauth import OAuthInstalls
 
 logger = logging.getLogger(__name__)
 
 PLATFORM = "slack"
 COMMANDS: dict[str, Literal["research", "plan", "ask"]] = {"/research": "research", "/plan": "plan", "/ask": "ask"}
-ACTION_IDS: dict[str, Literal["retry", "continue", "export"]] = {
+ACTION_IDS: dict[str, Literal["retry", "continue", "export", "cancel"]] = {
     "deepthread_retry": "retry", "deepthread_continue": "continue", "deepthread_export": "export",
+    "deepthread_stop": "cancel",
 }
 # Message subtypes that are still a person writing (a reply also sent to the channel, a message with a file).
 PERSON_MESSAGE_SUBTYPES = frozenset({None, "thread_broadcast", "file_share"})
 CHANNEL_TYPES_WITH_THREADS = frozenset({"channel", "group", "mpim"})
+# What a slash command's `channel_name` and an event's `channel_type` say of a channel that not everyone can see.
+PRIVATE_CHANNEL_NAMES = frozenset({"directmessage", "privategroup"})
+PRIVATE_CHANNEL_TYPES = frozenset({"im", "group", "mpim"})
 HISTORY_FETCH_LIMIT = 200
 HISTORY_KEEP = 50
 MEMBERSHIP_CACHE_SECONDS = 300.0
@@ -79,9 +89,10 @@ def command_event(command: dict[str, Any]) -> ChatEvent | None:
     name = COMMANDS.get(str(command.get("command", "")))
     if name is None:
         return None
+    private = str(command.get("channel_name", "")) in PRIVATE_CHANNEL_NAMES
     return ChatEvent(platform=PLATFORM, workspace=str(command.get("team_id", "")), channel=str(command.get("channel_id", "")),
                      user=qualified_user(str(command.get("user_id", ""))), kind="command", command=name,
-                     text=str(command.get("text") or "").strip())
+                     text=str(command.get("text") or "").strip(), channel_visibility="private" if private else None)
 
 
 def mention_event(body: dict[str, Any], bot_user_id: str | None) -> ChatEvent:
@@ -113,7 +124,18 @@ def message_event(body: dict[str, Any], bot_user_id: str | None) -> ChatEvent | 
         return None
     return ChatEvent(platform=PLATFORM, workspace=_event_workspace(body), channel=str(event.get("channel", "")),
                      user=qualified_user(str(event["user"])), kind=kind, text=without_bot_mention(text, bot_user_id),
-                     thread=thread_ts, message_id=ts, event_id=body.get("event_id"))
+                     thread=thread_ts, message_id=ts, event_id=body.get("event_id"),
+                     channel_visibility="private" if channel_type in PRIVATE_CHANNEL_TYPES else "public")
+
+
+def assistant_opened_event(body: dict[str, Any]) -> ChatEvent | None:
+    """The `opened` ChatEvent of an `assistant_thread_started` (a person opened a thread in the assistant pane)."""
+    thread = body["event"].get("assistant_thread") or {}
+    if not thread.get("user_id") or not thread.get("channel_id") or not thread.get("thread_ts"):
+        return None
+    return ChatEvent(platform=PLATFORM, workspace=_event_workspace(body), channel=str(thread["channel_id"]),
+                     user=qualified_user(str(thread["user_id"])), kind="opened", thread=str(thread["thread_ts"]),
+                     event_id=body.get("event_id"), channel_visibility="private")
 
 
 def reaction_event(body: dict[str, Any]) -> ChatEvent | None:
@@ -128,7 +150,10 @@ def reaction_event(body: dict[str, Any]) -> ChatEvent | None:
 
 
 def action_event(body: dict[str, Any]) -> ChatEvent | None:
-    """The ChatEvent of a click on a retry, continue or export button (value: the run id); None otherwise."""
+    """The ChatEvent of a click on a retry, continue, export or Stop button (value: the run id); None otherwise.
+
+    A Stop button without a run id (a run not stored when its status message was drawn) means its status message's run.
+    """
     actions = body.get("actions") or []
     if not actions:
         return None
@@ -136,9 +161,11 @@ def action_event(body: dict[str, Any]) -> ChatEvent | None:
     if action is None:
         return None
     try:
-        run_id = int(actions[0].get("value", ""))
+        run_id: int | None = int(actions[0].get("value", ""))
     except (TypeError, ValueError):
-        return None
+        if action != "cancel":
+            return None
+        run_id = None
     message = body.get("message") or {}
     container = body.get("container") or {}
     user = body.get("user") or {}
@@ -176,10 +203,12 @@ def _event_workspace(body: dict[str, Any]) -> str:
 # --- can the bot post here? ----------------------------------------------------------------------------
 
 class ChannelAccess(BaseModel):
-    """Whether the bot can post in a channel, and if not, what to tell the person (privately)."""
+    """Whether the bot can post in a channel, and if not, what to tell the person (privately); and who can see the
+    channel when Slack said (a private channel, a group DM or a DM is private)."""
 
     can_post: bool
     reason: str | None = None
+    visibility: Visibility | None = None
 
 
 def invite_instructions(bot_user_id: str | None) -> str:
@@ -198,15 +227,16 @@ class ChannelMembership:
     def __init__(self, *, cache_seconds: float = MEMBERSHIP_CACHE_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
         self.cache_seconds = cache_seconds
         self.clock = clock
-        self._can_post_until: dict[str, float] = {}
+        self._can_post_until: dict[str, tuple[float, ChannelAccess]] = {}
 
     async def ensure(self, client: AsyncWebClient, channel: str, bot_user_id: str | None) -> ChannelAccess:
         """Whether the bot can post in `channel`, after joining it if it is public; never raises for Slack errors."""
-        if self._can_post_until.get(channel, 0.0) > self.clock():
-            return ChannelAccess(can_post=True)
+        until, known = self._can_post_until.get(channel, (0.0, None))
+        if known is not None and until > self.clock():
+            return known
         access = await self._find_out(client, channel, bot_user_id)
         if access.can_post:
-            self._can_post_until[channel] = self.clock() + self.cache_seconds
+            self._can_post_until[channel] = (self.clock() + self.cache_seconds, access)
         return access
 
     async def _find_out(self, client: AsyncWebClient, channel: str, bot_user_id: str | None) -> ChannelAccess:
@@ -219,9 +249,10 @@ class ChannelMembership:
         except SlackClientError:
             logger.warning("conversations.info failed; assuming the bot can post", exc_info=True)
             return ChannelAccess(can_post=True)
+        private = bool(info.get("is_im") or info.get("is_private") or info.get("is_mpim") or info.get("is_group"))
         if info.get("is_im") or info.get("is_member"):
-            return ChannelAccess(can_post=True)
-        if info.get("is_private") or info.get("is_mpim") or info.get("is_group"):
+            return ChannelAccess(can_post=True, visibility="private" if private else "public")
+        if private:
             return ChannelAccess(can_post=False, reason=invite_instructions(bot_user_id))
         return await self._join(client, channel, bot_user_id)
 
@@ -236,7 +267,7 @@ class ChannelMembership:
             return ChannelAccess(can_post=False, reason=f"I couldn't join this channel ({code}). "
                                                         f"Invite me with /invite {bot} and ask again.")
         logger.info("joined a public channel to answer there")
-        return ChannelAccess(can_post=True)
+        return ChannelAccess(can_post=True, visibility="public")
 
 
 def _slack_error_code(error: SlackApiError) -> str:
@@ -285,7 +316,7 @@ async def deliver(replies: list[Reply], *, client: AsyncWebClient, event: ChatEv
                   send_private: PrivateSender, renderer: SlackRenderer = REPLIES) -> None:
     """Say each reply as mrkdwn, privately or in `thread`; a failed reply is logged and does not stop the others."""
     for reply in replies:
-        text = renderer.reply(reply.text, person=reply.person).text
+        text = (reply.content or renderer.reply(reply.text, person=reply.person)).text
         try:
             if reply.private or (thread is None and event.kind == "reaction"):
                 # A reaction's thread is unknown when the core does not say it; a public reply would land top level.
@@ -339,7 +370,7 @@ class SlackListeners:
         if event is None:
             return
         send_private = respond_sender(respond)
-        if not await self._can_post(client, event, context.bot_user_id, send_private):
+        if (event := await self._where_the_bot_can_post(client, event, context.bot_user_id, send_private)) is None:
             return
         await self._handle(event, client=client, send_private=send_private)
 
@@ -347,18 +378,18 @@ class SlackListeners:
         """`app_mention` (already acknowledged by bolt): with the thread so far when the mention is inside one."""
         event = mention_event(body, context.bot_user_id)
         send_private = ephemeral_sender(client, event, event.thread)
-        if not await self._can_post(client, event, context.bot_user_id, send_private):
+        if (event := await self._where_the_bot_can_post(client, event, context.bot_user_id, send_private)) is None:
             return
         if event.thread:
             event = event.model_copy(update={"thread_history": await self._thread_history(client, event, context.bot_user_id)})
         await self._handle(event, client=client, send_private=send_private)
 
-    async def on_message(self, body: dict[str, Any], client: AsyncWebClient, context: AsyncBoltContext) -> None:
+    async def on_message(self, body: dict[str, Any], client: AsyncWebClient, context: AsyncBoltContext) -> Outcome | None:
         """`message`: direct messages and replies in channel threads go to the core; the rest is ignored."""
         event = message_event(body, context.bot_user_id)
         if event is None:
-            return
-        await self._handle(event, client=client, send_private=ephemeral_sender(client, event, event.thread))
+            return None
+        return await self._handle(event, client=client, send_private=ephemeral_sender(client, event, event.thread))
 
     async def on_reaction(self, body: dict[str, Any], client: AsyncWebClient) -> None:
         """`reaction_added` on a message: the core decides whether it cancels a run or approves a plan."""
@@ -375,16 +406,38 @@ class SlackListeners:
             return
         await self._handle(event, client=client, send_private=respond_sender(respond))
 
-    async def _can_post(self, client: AsyncWebClient, event: ChatEvent, bot_user_id: str | None,
-                        send_private: PrivateSender) -> bool:
+    async def on_feedback(self, ack: AsyncAck, body: dict[str, Any], respond: AsyncRespond, client: AsyncWebClient) -> None:
+        """👍/👎 under a report: acknowledge, store it through the core, and for a 👎 open the "what was wrong?" modal."""
+        await ack()
+        event = feedback_event(body)
+        if event is None:
+            return
+        outcome = await self._handle(event, client=client, send_private=respond_sender(respond))
+        if outcome is not None and outcome.ask_what_was_wrong is not None:
+            context = CommentContext(run_id=outcome.ask_what_was_wrong, workspace=event.workspace, channel=event.channel)
+            await ask_what_was_wrong(client, trigger_id=body.get("trigger_id"), context=context)
+
+    async def on_feedback_comment(self, ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient) -> None:
+        """The "what was wrong?" modal submitted: close it, then store the comment through the core."""
+        await ack()
+        event = comment_event(body)
+        if event is None:
+            return
+        await self._handle(event, client=client, send_private=ephemeral_sender(client, event, None))
+
+    async def _where_the_bot_can_post(self, client: AsyncWebClient, event: ChatEvent, bot_user_id: str | None,
+                                      send_private: PrivateSender) -> ChatEvent | None:
+        """The event with what Slack says of its channel's visibility, or None (the person told how to invite the bot)
+        when the bot cannot post there."""
         access = await self.membership.ensure(client, event.channel, bot_user_id)
         if access.can_post:
-            return True
+            # What the payload already knows to be private stays private whatever the lookup said.
+            return event.model_copy(update={"channel_visibility": event.channel_visibility or access.visibility})
         try:
             await send_private(access.reason or invite_instructions(bot_user_id))
         except (SlackApiError, SlackClientError, OSError, ValueError) as error:
             logger.warning("could not say how to invite the bot (%s)", type(error).__name__)
-        return False
+        return None
 
     async def _thread_history(self, client: AsyncWebClient, event: ChatEvent, bot_user_id: str | None) -> list[HistoryMessage]:
         try:
@@ -394,30 +447,46 @@ class SlackListeners:
             return []
         return history_before(list(answer.get("messages") or []), event.message_id, bot_user_id)
 
-    async def _handle(self, event: ChatEvent, *, client: AsyncWebClient, send_private: PrivateSender) -> None:
+    async def _handle(self, event: ChatEvent, *, client: AsyncWebClient, send_private: PrivateSender) -> Outcome | None:
         try:
             outcome = await self.core.handle(event)
         except Exception:
             logger.exception("the conversation core failed on a %s event", event.kind)
             await deliver([Reply(text=SOMETHING_WENT_WRONG, private=True)], client=client, event=event, thread=event.thread,
                           send_private=send_private)
-            return
+            return None
         await deliver(outcome.replies, client=client, event=event, thread=reply_thread(event, outcome), send_private=send_private)
+        return outcome
 
 
 def build_slack_app(settings: Settings, core: ConversationHandler, *, client: AsyncWebClient | None = None,
                     dedupe: EventDeduper, membership: ChannelMembership | None = None,
-                    replay_guard: ReplayGuard | None = None) -> AsyncApp:
-    """The bolt app with every deepthread listener; raises ValueError without SLACK_BOT_TOKEN, or without
-    SLACK_SIGNING_SECRET when there is no SLACK_APP_TOKEN (HTTP mode verifies every request with it)."""
+                    replay_guard: ReplayGuard | None = None, installs: OAuthInstalls | None = None) -> AsyncApp:
+    """The bolt app with every deepthread listener; raises ValueError without SLACK_BOT_TOKEN (or the OAuth client id
+    and secret), or without SLACK_SIGNING_SECRET when there is no SLACK_APP_TOKEN (HTTP mode verifies every request).
+
+    With SLACK_CLIENT_ID and SLACK_CLIENT_SECRET the app runs `installs` (on DATABASE_URL unless given): the OAuth
+    install flow, each request authorized with its workspace's installed token, uninstalls deleting installations.
+    """
     problem = missing_adapter_setting(settings)
     if problem is not None:
         raise ValueError(problem)
     client = client or build_slack_client(settings.secret("slack_bot_token") or "", settings.slack_api_url)
+    if installs is None and oauth_mode(settings):
+        from bot.slack.oauth import oauth_installs  # only OAuth mode loads the installation and state stores
+        from storage.db import make_engine
+
+        installs = oauth_installs(settings, make_engine(settings.database_url), client)
+    multi_workspace: dict[str, Any] = {} if installs is None else {
+        "oauth_flow": installs.flow, "authorize": installs.authorize, "installation_store_bot_only": True}
     signing_secret = settings.secret("slack_signing_secret")
     app = AsyncApp(client=client, signing_secret=signing_secret or "", process_before_response=False,
-                   ignoring_self_events_enabled=True, name="deepthread")
+                   ignoring_self_events_enabled=True, name="deepthread", **multi_workspace)
     register_listeners(app, SlackListeners(core, dedupe, membership, replay_guard))
+    if installs is not None:
+        from bot.slack.oauth import InstallationRemoval, register_installation_removal
+
+        register_installation_removal(app, InstallationRemoval(installs.store))
     return app
 
 
@@ -425,6 +494,8 @@ def register_listeners(app: AsyncApp, listeners: SlackListeners) -> None:
     """Attach the replay and dedupe middleware and every listener to `app`."""
     app.middleware(listeners.refuse_replayed_requests)
     app.middleware(listeners.drop_retried_events)
+    # After the dedupe: assistant-thread events and the DM messages in those threads go to the assistant pane.
+    app.assistant(build_assistant(listeners.core, opened_event=assistant_opened_event, answer_message=listeners.on_message))
     for command in COMMANDS:
         app.command(command)(listeners.on_command)
     app.event("app_mention")(listeners.on_mention)
@@ -432,3 +503,5 @@ def register_listeners(app: AsyncApp, listeners: SlackListeners) -> None:
     app.event("reaction_added")(listeners.on_reaction)
     for action_id in ACTION_IDS:
         app.action(action_id)(listeners.on_action)
+    app.action(FEEDBACK_ACTION_ID)(listeners.on_feedback)
+    app.view(COMMENT_CALLBACK_ID)(listeners.on_feedback_comment)

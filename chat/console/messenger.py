@@ -69,6 +69,12 @@ class ConsoleMessenger:
         else:
             self.console.print(renderable_for(content))
 
+    async def withdraw(self, ref: MessageRef) -> None:
+        """Take a live message off the screen (a draft that its final version replaces); printed messages stay."""
+        if ref.message_id in self._live_ids:
+            self._live_ids.remove(ref.message_id)
+            self._redraw()
+
     async def open_thread(self, place: Place, *, title: Content, status: Content) -> OpenedThread:
         """The title in the channel, the status message in its thread."""
         return await open_thread_under_title(self, place, title=title, status=status)

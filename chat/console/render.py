@@ -5,12 +5,16 @@ from __future__ import annotations
 import datetime as dt
 import re
 
-from rich.console import Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.markdown import Markdown
 from rich.markup import escape
+from rich.padding import Padding
 from rich.progress_bar import ProgressBar
+from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
+from chat.history import RunHistory, RunSummary, mode_name
 from chat.message import Content
 from chat.render import ReportDelivery, with_person
 from chat.state import RunProgress
@@ -22,6 +26,9 @@ MARKS = {"done": "[green]✔[/]", "current": "[yellow]▶[/]", "waiting": "[dim]
 ENDINGS = {"done": "[green]Done[/]", "cancelled": "[yellow]Stopped[/]", "failed": "[red]Failed[/]",
            "timed_out": "[red]Timed out[/]"}
 WARNING_DISPLAY_LIMIT = 160
+# Lines of the live region kept for the run's status above a growing answer draft.
+STATUS_ROOM_LINES = 12
+MIN_DRAFT_LINES = 3
 
 
 def render_progress(progress: RunProgress, now: dt.datetime | None = None, *, you: str | None = None) -> RenderableType:
@@ -87,11 +94,22 @@ class ConsoleRenderer:
     def notice(self, text: str) -> Content:
         return Content(text=text)
 
+    def draft(self, text: str) -> Content:
+        """An answer still being written, shown live below its status: its newest lines that fit the screen."""
+        return Content(text=text, extra={"live": True, "rich": LatestLines(Padding(Markdown(text), (1, 0, 0, 0)))})
+
     def reply(self, text: str, *, person: str | None = None) -> Content:
         """A core reply with its `**bold**` and `code` drawn by rich; the person named by their id."""
         markup = with_person(text, person, _rich_markup, _bare_user_markup)
         return Content(text=with_person(text, person, _without_markers, _bare_user),
                        extra={"rich": Text.from_markup(markup)})
+
+    def history(self, history: RunHistory) -> Content:
+        """The history as a table (run id, state, mode, date, question): the run id is what `/export` takes."""
+        runs = [*history.yours, *history.channel]
+        if not runs:
+            return Content(text=NO_RUNS_HERE)
+        return Content(text="\n".join(_history_row(run) for run in runs), extra={"rich": _history_table(runs)})
 
 
 _NEUTRAL_INLINE = re.compile(r"\*\*(.+?)\*\*|`([^`]+)`")
@@ -118,3 +136,40 @@ def _bare_user(user: str) -> str:
 
 def _bare_user_markup(user: str) -> str:
     return escape(_bare_user(user))
+
+
+NO_RUNS_HERE = "No runs yet in this terminal: ask a question to start one."
+QUESTION_DISPLAY_LIMIT = 70
+
+
+def _history_row(run: RunSummary) -> str:
+    return f"{run.run_id}  {run.state}  {mode_name(run.mode)}  {run.created_at:%Y-%m-%d %H:%M}  {single_line(run.question)}"
+
+
+def _history_table(runs: list[RunSummary]) -> Table:
+    table = Table(box=None, header_style="dim", pad_edge=False)
+    for heading in ("Run", "State", "Mode", "When (UTC)"):
+        table.add_column(heading, no_wrap=True)
+    table.add_column("Question", no_wrap=True, overflow="ellipsis")
+    for run in runs:
+        table.add_row(str(run.run_id), run.state, mode_name(run.mode), f"{run.created_at:%Y-%m-%d %H:%M}",
+                      Text(shortened(single_line(run.question), QUESTION_DISPLAY_LIMIT)))
+    return table
+
+
+class LatestLines:
+    """A renderable cut to its last lines that fit the screen with `room_for_others` lines to spare: a live region
+    cannot scroll, and the newest words of a growing answer are the ones to see."""
+
+    def __init__(self, renderable: RenderableType, *, room_for_others: int = STATUS_ROOM_LINES) -> None:
+        self.renderable = renderable
+        self.room_for_others = room_for_others
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        lines = console.render_lines(self.renderable, options.update(height=None), pad=False)
+        fits = max(MIN_DRAFT_LINES, console.size.height - self.room_for_others)
+        if len(lines) > fits:
+            lines = [[Segment("…")], *lines[len(lines) - fits + 1:]]
+        for line in lines:
+            yield from line
+            yield Segment.line()

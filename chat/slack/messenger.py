@@ -10,6 +10,10 @@ again as its `text` alone. A post whose text is longer than `PLAIN_TEXT_LIMIT` (
 4,000 characters and cuts them at 40,000) goes out as several messages in the same place, split at paragraph
 boundaries; an edit cannot be split, so an edit whose text exceeds Slack's 40,000 characters fails loudly.
 
+Tokens: one bot token for every workspace (SLACK_BOT_TOKEN), or, with OAuth installs, each workspace's own token
+from the installation store (`WorkspaceClients`, keyed by the place's workspace); a token Slack refuses is looked up
+afresh on the next call.
+
 Every post sets `unfurl_links=False`, `unfurl_media=False` and `link_names=False` (so a bare `@here` stays text).
 """
 
@@ -17,17 +21,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
-from typing import Any, TypeVar
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
 
 import aiohttp
 from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.http_retry.builtin_async_handlers import AsyncConnectionErrorRetryHandler, AsyncRateLimitErrorRetryHandler
+from slack_sdk.http_retry.request import HttpRequest
+from slack_sdk.http_retry.response import HttpResponse
+from slack_sdk.http_retry.state import RetryState
 from slack_sdk.web.async_client import AsyncWebClient
 
 from chat.message import Content, FileUpload, MessageRef, MessengerError, OpenedThread, Place, open_thread_under_title
 from chat.slack.render import blocks_of
+from chat.slack.tasks import TASK_DISPLAY_MODE, stream_chunks, task_list_content
+from chat.slack.thread_status import AssistantThreadStatus
+from chat.tasks import ProgressMode, ProgressTask, TaskList
 from chat.text import split_text
+from ops.metrics import record_rate_limit_wait
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +49,8 @@ CONNECTION_RETRIES = 2
 REQUEST_TIMEOUT_SECONDS = 30
 PLAIN_TEXT_LIMIT = 4_000
 SLACK_TEXT_LIMIT = 40_000
+# chat.startStream/appendStream take at most this much `markdown_text` a call.
+STREAM_TEXT_LIMIT = 12_000
 RICH_LAYOUT_ERRORS = frozenset({
     "invalid_blocks", "invalid_blocks_format", "msg_too_long", "msg_blocks_too_long", "too_many_blocks",
     "block_mismatch", "invalid_attachments", "markdown_text_conflict",
@@ -44,6 +58,14 @@ RICH_LAYOUT_ERRORS = frozenset({
 RETRYABLE_ERRORS = frozenset({
     "ratelimited", "rate_limited", "internal_error", "fatal_error", "service_unavailable", "request_timeout",
     "connection_error", "upload_failed",
+})
+# What Slack answers to a token that no longer works (the app uninstalled, the token revoked).
+REFUSED_TOKEN_ERRORS = frozenset({"invalid_auth", "token_revoked", "account_inactive", "not_authed"})
+NOT_INSTALLED = "app_not_installed"
+# What chat.startStream answers in a workspace (or plan, or app config) without streaming: SLACK_PROGRESS=auto remembers it.
+STREAMING_UNAVAILABLE_ERRORS = frozenset({
+    "not_allowed", "not_allowed_token_type", "unknown_method", "missing_scope", "feature_not_enabled",
+    "method_not_supported_for_channel_type", "access_denied", "team_access_not_granted",
 })
 
 Result = TypeVar("Result")
@@ -67,6 +89,16 @@ class PooledWebClient(AsyncWebClient):
         return await super()._request(http_verb=http_verb, api_url=api_url, req_args=req_args)
 
 
+class CountedRateLimitRetryHandler(AsyncRateLimitErrorRetryHandler):
+    """slack-sdk's 429 handler (waits out Retry-After), counting each wait in the process's metrics."""
+
+    async def prepare_for_next_attempt_async(self, *, state: RetryState, request: HttpRequest,
+                                             response: HttpResponse | None = None, error: Exception | None = None) -> None:
+        started = time.monotonic()
+        await super().prepare_for_next_attempt_async(state=state, request=request, response=response, error=error)
+        record_rate_limit_wait(SlackMessenger.platform, time.monotonic() - started)
+
+
 def build_slack_client(token: str, base_url: str = SLACK_API_URL, *, rate_limit_retries: int = RATE_LIMIT_RETRIES,
                        connection_retries: int = CONNECTION_RETRIES,
                        timeout: int = REQUEST_TIMEOUT_SECONDS) -> AsyncWebClient:
@@ -78,7 +110,7 @@ def build_slack_client(token: str, base_url: str = SLACK_API_URL, *, rate_limit_
         timeout=timeout,
         retry_handlers=[
             AsyncConnectionErrorRetryHandler(max_retry_count=connection_retries),
-            AsyncRateLimitErrorRetryHandler(max_retry_count=rate_limit_retries),
+            CountedRateLimitRetryHandler(max_retry_count=rate_limit_retries),
         ],
     )
 
@@ -105,13 +137,48 @@ async def _guarded(call: Awaitable[Result]) -> Result:
         raise messenger_error(error) from error
 
 
+class WorkspaceClients(Protocol):
+    """Web API clients by workspace (Slack team id), each with that workspace's bot token."""
+
+    async def client_for(self, workspace: str) -> AsyncWebClient | None:
+        """The client for `workspace`; None when the app is not installed there."""
+        ...
+
+    def forget(self, workspace: str) -> None:
+        """Look `workspace`'s token up afresh next time (Slack refused it)."""
+        ...
+
+
 class SlackMessenger:
     """Posts, edits and uploads in Slack threads; falls back to plain text when Slack rejects the blocks."""
 
     platform = "slack"
 
-    def __init__(self, client: AsyncWebClient) -> None:
+    def __init__(self, client: AsyncWebClient | None = None, *, workspaces: WorkspaceClients | None = None,
+                 thread_status: AssistantThreadStatus | None = None, progress_mode: ProgressMode = "auto") -> None:
+        """Speak with one `client` (one bot token) everywhere, or with each workspace's own client from `workspaces`;
+        `progress_mode` is SLACK_PROGRESS (research progress as streamed tasks, edited messages, or `auto`)."""
+        if (client is None) == (workspaces is None):
+            raise ValueError("give the messenger either one client or the workspaces' clients")
         self.client = client
+        self.workspaces = workspaces
+        self.progress_mode = progress_mode
+        self._workspaces_without_streaming: set[str] = set()  # auto: those whose chat.startStream was refused
+        self.thread_status = thread_status or AssistantThreadStatus()  # status edits, mirrored in the assistant pane
+
+    async def _call(self, workspace: str, call: Callable[[AsyncWebClient], Awaitable[Result]]) -> Result:
+        """`call` with the workspace's client; raises MessengerError as `_guarded` does, or when it is not installed."""
+        if self.workspaces is None:
+            return await _guarded(call(self.client))
+        client = await self.workspaces.client_for(workspace)
+        if client is None:
+            raise MessengerError(NOT_INSTALLED)
+        try:
+            return await _guarded(call(client))
+        except MessengerError as error:
+            if error.reason in REFUSED_TOKEN_ERRORS:
+                self.workspaces.forget(workspace)
+            raise
 
     async def post(self, place: Place, content: Content) -> MessageRef:
         """Post `content` in `place` (its thread if set); raises MessengerError when Slack refuses even plain text."""
@@ -127,6 +194,7 @@ class SlackMessenger:
 
     async def edit(self, ref: MessageRef, content: Content) -> None:
         """Replace the message at `ref` with `content`; raises MessengerError when Slack refuses even plain text."""
+        await self.thread_status.follow(self._call, ref, content)
         blocks = blocks_of(content)
         if blocks:
             try:
@@ -145,9 +213,77 @@ class SlackMessenger:
         """The title in the channel, the status message in its thread."""
         return await open_thread_under_title(self, place, title=title, status=status)
 
+    async def start_stream(self, place: Place, text: str, *, recipient: str) -> MessageRef:
+        """Start a streamed reply in `place`'s thread (`chat.startStream`, shown to `recipient` of `place`'s
+        workspace, as Slack requires in channels) showing `text`; raises MessengerError."""
+        response = await self._call(place.workspace, lambda client: client.chat_startStream(
+            channel=place.channel, thread_ts=place.thread or "", markdown_text=text,
+            recipient_user_id=recipient, recipient_team_id=place.workspace,
+        ))
+        return MessageRef(platform=self.platform, workspace=place.workspace,
+                          channel=str(response.get("channel") or place.channel), message_id=str(response["ts"]),
+                          thread=place.thread)
+
+    async def append_stream(self, ref: MessageRef, text: str) -> None:
+        """Add `text` to the streamed reply (`chat.appendStream`, in pieces within Slack's 12,000 characters a call);
+        raises MessengerError, `message_not_in_streaming_state` once Slack has ended the stream."""
+        for piece in split_text(text, STREAM_TEXT_LIMIT) if len(text) > STREAM_TEXT_LIMIT else [text]:
+            await self._call(ref.workspace, lambda client: client.chat_appendStream(
+                channel=ref.channel, ts=ref.message_id, markdown_text=piece))
+
+    async def stop_stream(self, ref: MessageRef) -> None:
+        """End the streamed reply (`chat.stopStream`); raises MessengerError as `append_stream`."""
+        await self._call(ref.workspace, lambda client: client.chat_stopStream(channel=ref.channel, ts=ref.message_id))
+
+    def streams_tasks(self, workspace: str) -> bool:
+        """Whether a run's progress in `workspace` is tried as streamed tasks: SLACK_PROGRESS=stream, or auto while
+        the workspace has not refused chat.startStream."""
+        if self.progress_mode == "auto":
+            return workspace not in self._workspaces_without_streaming
+        return self.progress_mode == "stream"
+
+    async def start_task_stream(self, place: Place, tasks: TaskList, *, recipient: str) -> MessageRef:
+        """Open a streamed reply in `place`'s thread showing `tasks` as a plan (`plan_update`, then `task_update`
+        chunks); raises MessengerError, and with SLACK_PROGRESS=auto remembers a workspace that has no streaming."""
+        try:
+            response = await self._call(place.workspace, lambda client: client.chat_startStream(
+                channel=place.channel, thread_ts=place.thread or "", recipient_user_id=recipient,
+                recipient_team_id=place.workspace, task_display_mode=TASK_DISPLAY_MODE,
+                chunks=stream_chunks(tasks.tasks, title=tasks.title),
+            ))
+        except MessengerError as error:
+            if error.reason in STREAMING_UNAVAILABLE_ERRORS:
+                self._workspaces_without_streaming.add(place.workspace)
+            raise
+        return MessageRef(platform=self.platform, workspace=place.workspace,
+                          channel=str(response.get("channel") or place.channel), message_id=str(response["ts"]),
+                          thread=place.thread)
+
+    async def append_task_stream(self, ref: MessageRef, tasks: list[ProgressTask]) -> None:
+        """Send the changed tasks as `task_update` chunks (`chat.appendStream`); raises MessengerError,
+        `message_not_in_streaming_state` once Slack has ended the stream."""
+        await self._call(ref.workspace, lambda client: client.chat_appendStream(
+            channel=ref.channel, ts=ref.message_id, chunks=stream_chunks(tasks)))
+
+    async def stop_task_stream(self, ref: MessageRef, tasks: list[ProgressTask]) -> None:
+        """End the streamed task list with its last changes (`chat.stopStream`); raises MessengerError."""
+        await self._call(ref.workspace, lambda client: client.chat_stopStream(
+            channel=ref.channel, ts=ref.message_id, chunks=stream_chunks(tasks) or None))
+
+    async def show_task_list(self, ref: MessageRef, tasks: TaskList) -> None:
+        """Replace the message at `ref` with the task list in Block Kit (`chat.update`: the fallback when a stream
+        has ended); raises MessengerError."""
+        content = task_list_content(tasks)
+        try:
+            await self._update(ref, content.text, blocks_of(content) or [])
+        except MessengerError as error:
+            if error.reason not in RICH_LAYOUT_ERRORS:
+                raise
+            await self._update(ref, content.text, [])
+
     async def upload(self, place: Place, upload: FileUpload) -> MessageRef | None:
         """Attach a file in `place` (Slack's two-step upload); the file's message when Slack reports where it is shared."""
-        response = await _guarded(self.client.files_upload_v2(
+        response = await self._call(place.workspace, lambda client: client.files_upload_v2(
             channel=place.channel,
             thread_ts=place.thread,
             filename=upload.filename,
@@ -162,7 +298,7 @@ class SlackMessenger:
                           message_id=share_ts, thread=place.thread)
 
     async def _post_message(self, place: Place, text: str, blocks: list[dict[str, Any]] | None) -> MessageRef:
-        response = await _guarded(self.client.chat_postMessage(
+        response = await self._call(place.workspace, lambda client: client.chat_postMessage(
             channel=place.channel,
             thread_ts=place.thread,
             text=text,
@@ -184,7 +320,8 @@ class SlackMessenger:
         return first
 
     async def _update(self, ref: MessageRef, text: str, blocks: list[dict[str, Any]]) -> None:
-        await _guarded(self.client.chat_update(channel=ref.channel, ts=ref.message_id, text=text, blocks=blocks))
+        await self._call(ref.workspace, lambda client: client.chat_update(channel=ref.channel, ts=ref.message_id, text=text,
+                                                                        blocks=blocks))
 
 
 def _share_ts(data: dict[str, Any], channel: str) -> str | None:

@@ -23,7 +23,10 @@ import datetime as dt
 import re
 from typing import Any
 
-from chat.message import Content, FileUpload
+from chat.history import NO_RUNS, RunHistory, RunSummary, history_listing, mode_name
+from chat.message import Content, FileUpload, Place
+from chat.slack.feedback import with_feedback_buttons
+from chat.slack.thread_status import with_thread_status
 from chat.render import ReportDelivery, with_person
 from chat.state import RunProgress
 from chat.status import Markup, ending, headline, is_unfinished, measures_line, phase_checklist
@@ -245,6 +248,7 @@ def markdown_block(text: str) -> dict[str, Any]:
 RETRY_ACTION_ID = "deepthread_retry"
 CONTINUE_ACTION_ID = "deepthread_continue"
 EXPORT_ACTION_ID = "deepthread_export"
+STOP_ACTION_ID = "deepthread_stop"
 def button(action_id: str, label: str, value: str) -> dict[str, Any]:
     """A Block Kit button whose click reaches the adapter as `action_id` with `value`."""
     return {"type": "button", "action_id": action_id, "text": {"type": "plain_text", "text": label}, "value": value}
@@ -255,8 +259,18 @@ def actions_block(buttons: list[dict[str, Any]]) -> dict[str, Any]:
     return {"type": "actions", "elements": buttons}
 
 
+def stop_button(run_id: int) -> dict[str, Any]:
+    """The red Stop button of a run in flight (a run not stored yet names no run: its status message says which)."""
+    stop = {**button(STOP_ACTION_ID, "Stop", str(run_id)), "style": "danger"}
+    if not run_id:
+        del stop["value"]
+    return stop
+
+
 def run_buttons(progress: RunProgress) -> dict[str, Any] | None:
-    """Retry (and, for research, Continue) under a run that ended without finishing; None for any other run."""
+    """Stop while a run is queued or running; Retry (and, for research, Continue) once it ended without finishing."""
+    if progress.state in ("queued", "running"):
+        return actions_block([stop_button(progress.run_id)])
     if not is_unfinished(progress):
         return None
     value = str(progress.run_id)
@@ -380,13 +394,15 @@ class SlackRenderer:
         if buttons is not None:
             blocks.append(buttons)
         text = "\n\n".join(part for part in (top, checklist if progress.state != "queued" else "", measures, last) if part)
-        return slack_content(text, blocks)
+        return with_thread_status(slack_content(text, blocks), progress)
 
     def report(self, report: Report, *, requester: str, run_id: int | None = None) -> ReportDelivery:
-        """The report's messages, the first mentioning the requester, the last with an export button when `run_id`
-        is given; as a summary plus `report.md` when too long."""
+        """The report's messages, the first mentioning the requester, the last with an export button and 👍/👎
+        feedback buttons when `run_id` is given; as a summary plus `report.md` when too long."""
         delivery = self._report_messages(report, requester)
-        return with_export_button(delivery, run_id) if run_id is not None and delivery.messages else delivery
+        if run_id is None or not delivery.messages:
+            return delivery
+        return with_feedback_buttons(with_export_button(delivery, run_id), run_id)
 
     def _report_messages(self, report: Report, requester: str) -> ReportDelivery:
         greeting = self._greeting(report, requester)
@@ -416,6 +432,12 @@ class SlackRenderer:
         """A core reply as mrkdwn: its `**bold**` and code converted, `& < >` escaped so nothing quoted can ping."""
         return Content(text=with_person(text, person, paragraph_to_mrkdwn, user_mention))
 
+    def history(self, history: RunHistory) -> Content:
+        """The history as mrkdwn: each question a link to its thread, dates in the reader's own time zone."""
+        if history.empty:
+            return Content(text=paragraph_to_mrkdwn(NO_RUNS))
+        return Content(text=history_listing(history, heading=lambda title: f"*{title}*", line=_history_line))
+
     def _greeting(self, report: Report, requester: str) -> str:
         question = escape_text(shortened(single_line(report.question) or title_and_body(report)[0], 300))
         if report.mode == "plan":
@@ -440,3 +462,25 @@ class SlackRenderer:
                             title=shortened(single_line(title), 200).replace("<", "‹").replace(">", "›"))
         return ReportDelivery(messages=[slack_content(summary, [section_block(section) for section in sections])],
                               file=upload)
+
+
+SLACK_CLIENT_URL = "https://app.slack.com/client"
+HISTORY_QUESTION_LIMIT = 80
+
+
+def thread_link(thread: Place) -> str:
+    """The Slack client's address of a thread, from the workspace, channel and thread timestamp alone."""
+    ts = thread.thread or ""
+    return f"{SLACK_CLIENT_URL}/{thread.workspace}/{thread.channel}/thread/{thread.channel}-{ts}"
+
+
+def slack_date(moment: dt.datetime) -> str:
+    """A date Slack shows in the reader's time zone, with the UTC time as the fallback text."""
+    fallback = f"{moment:%Y-%m-%d %H:%M} UTC"
+    return f"<!date^{int(moment.timestamp())}^{{date_short_pretty}} {{time}}|{fallback}>"
+
+
+def _history_line(run: RunSummary) -> str:
+    question = shortened(single_line(run.question), HISTORY_QUESTION_LIMIT)
+    return (f"• {mrkdwn_link(thread_link(run.thread), question)} — {run.state} · {mode_name(run.mode)} · "
+            f"{slack_date(run.created_at)} · run {run.run_id}")

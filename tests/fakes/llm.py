@@ -7,7 +7,10 @@
         ... LLM_BASE_URL=fake.base_url ...
 
 A handler takes a `ChatRequest` and returns the answer's text, a dict (sent as JSON text), or a `FakeReply`
-for errors, latency, missing usage or a `reasoning_content` field; it may be async. Every request is recorded
+for errors, latency, missing usage or a `reasoning_content` field; it may be async. A request with `stream: true`
+is answered with server-sent events in OpenAI's chunk format (`chat.completion.chunk`, a word or so per chunk,
+`data: [DONE]` last, usage in a last chunk when `stream_options.include_usage`), the first words after
+`time_to_first_token` seconds and each further chunk after `chunk_delay`. Every request is recorded
 with start and finish times in `fake.requests` (a RequestLog) and parsed in `fake.chat_requests`. The
 in-process transport honours the client's read timeout as a real socket would (it raises httpx.ReadTimeout).
 
@@ -24,7 +27,7 @@ import math
 import re
 import threading
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -51,6 +54,7 @@ class FakeReply:
     usage: dict[str, int] | Literal["auto", "omit"] = "auto"
     reasoning: str | None = None
     finish_reason: str = "stop"
+    time_to_first_token: float | None = None  # streamed answers only; None: the fake's own setting
 
 
 HandlerResult = Answer | FakeReply
@@ -139,6 +143,21 @@ class _Prepared:
     headers: dict[str, str]
     body: bytes
     delay: float
+    events: list[bytes] | None = None  # a streamed answer: sent one by one, `body` unused
+    first_event_delay: float = 0.0
+    event_delay: float = 0.0
+
+    async def paced_events(self) -> AsyncIterator[bytes]:
+        """The streamed answer's events, each after its wait (the first content after the time to first token)."""
+        assert self.events is not None
+        for index, event in enumerate(self.events):
+            wait = self.first_event_delay if index == 1 else self.event_delay if index > 1 else 0.0
+            if wait:
+                await asyncio.sleep(wait)
+            yield event
+
+
+_STREAMED_PIECE = re.compile(r"\s*\S+\s*|\s+")
 
 
 def _openai_error(status: int, message: str, *, error_type: str, param: str | None = None, code: str | None = None) -> FakeReply:
@@ -167,12 +186,16 @@ class FakeLLM:
         unsupported_parameters: Collection[str] = (),
         latency: float = 0.0,
         models: Collection[str] = (FAKE_MODEL,),
+        time_to_first_token: float = 0.0,
+        chunk_delay: float = 0.0,
     ) -> None:
         self.handler: Handler = handler or default_research_model
         self.reject_json_schema = reject_json_schema
         self.reject_json_object = reject_json_object
         self.unsupported_parameters = frozenset(unsupported_parameters)
         self.latency = latency
+        self.time_to_first_token = time_to_first_token
+        self.chunk_delay = chunk_delay
         self.models = list(models)
         self.requests = RequestLog()
         self.chat_requests: list[ChatRequest] = []
@@ -277,7 +300,31 @@ class FakeLLM:
             }
             return _Prepared(reply.status, headers, json.dumps(body).encode(), delay)
         assert request is not None
+        if request.raw.get("stream"):
+            first_token = self.time_to_first_token if reply.time_to_first_token is None else reply.time_to_first_token
+            return _Prepared(200, {**headers, "content-type": "text/event-stream; charset=utf-8"}, b"", delay,
+                             events=self._stream_events(reply, request), first_event_delay=first_token,
+                             event_delay=self.chunk_delay)
         return _Prepared(200, headers, json.dumps(self._completion(reply, request)).encode(), delay)
+
+    def _stream_events(self, reply: FakeReply, request: ChatRequest) -> list[bytes]:
+        """The answer as OpenAI streams it: a role chunk, content chunks, a finish chunk, usage if asked, `[DONE]`."""
+        completion = self._completion(reply, request)
+        content = completion["choices"][0]["message"]["content"] or ""
+        base = {"id": completion["id"], "object": "chat.completion.chunk", "created": completion["created"],
+                "model": completion["model"], "system_fingerprint": None}
+
+        def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+            return {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
+
+        chunks = [chunk({"role": "assistant", "content": ""})]
+        if reply.reasoning:
+            chunks += [chunk({"reasoning_content": piece}) for piece in _STREAMED_PIECE.findall(reply.reasoning)]
+        chunks += [chunk({"content": piece}) for piece in _STREAMED_PIECE.findall(content)]
+        chunks.append(chunk({}, reply.finish_reason))
+        if (request.raw.get("stream_options") or {}).get("include_usage") and "usage" in completion:
+            chunks.append({**base, "choices": [], "usage": completion["usage"]})
+        return [f"data: {json.dumps(item)}\n\n".encode() for item in chunks] + [b"data: [DONE]\n\n"]
 
     def _completion(self, reply: FakeReply, request: ChatRequest) -> dict[str, Any]:
         content = json.dumps(reply.content) if isinstance(reply.content, dict) else reply.content
@@ -319,6 +366,8 @@ class FakeLLM:
                 raise httpx.ReadTimeout("fake LLM: read timed out", request=request)
             if prepared.delay:
                 await asyncio.sleep(prepared.delay)
+            if prepared.events is not None:
+                return httpx.Response(prepared.status, headers=prepared.headers, content=prepared.paced_events())
             return httpx.Response(prepared.status, headers=prepared.headers, content=prepared.body)
         finally:
             record.finished_at = time.monotonic()
@@ -347,6 +396,12 @@ class FakeLLM:
             if prepared.delay:
                 await asyncio.sleep(prepared.delay)
             raw_headers = [(key.encode("latin-1"), value.encode("latin-1")) for key, value in prepared.headers.items()]
+            if prepared.events is not None:
+                await send({"type": "http.response.start", "status": prepared.status, "headers": raw_headers})
+                async for event in prepared.paced_events():
+                    await send({"type": "http.response.body", "body": event, "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return
             raw_headers.append((b"content-length", str(len(prepared.body)).encode()))
             await send({"type": "http.response.start", "status": prepared.status, "headers": raw_headers})
             await send({"type": "http.response.body", "body": prepared.body, "more_body": False})

@@ -11,12 +11,17 @@ call. Because it is a real loopback server, Celery workers in other processes ca
     slack.start_outage(); slack.end_outage()                # HTTP 500 to posts, edits and uploads until ended
     slack.messages("C1", thread_ts="1700000001.000100")   # SlackMessage list
     slack.edits("C1", ts)                                 # SlackEdit list, with times
-    slack.calls("chat.update")                            # SlackCall list: method, params, time
+    slack.calls("chat.update")                            # SlackCall list: method, params, time, token
+    slack.installing("T0SECOND", "Second Workspace")       # who approves the next OAuth install (oauth.v2.access)
+    slack.stream("C1", ts)                                # SlackStream: what chat.*Stream did to a message
+    slack.expire_streams()                                # as Slack does after a pause: appends and stops now fail
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import dataclasses
 import itertools
 import json
 import sys
@@ -25,7 +30,7 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, urlencode
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -33,20 +38,30 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from tests.fakes.server import LoopbackFake, LoopbackServer, RecordedRequest, RequestLog
+from tests.fakes.slack_interactivity import SlackViews, context_actions_error
+from tests.fakes.slack_assistant import FakeAssistantThreads
+from tests.fakes.slack_chunks import TASK_DISPLAY_MODES, StreamedTasks, chunks_error, decoded_chunks
 
 FAKE_TOKEN = "xoxb-fake-token"
+FAKE_CLIENT_ID = "1111111111.2222222222"
+FAKE_CLIENT_SECRET = "fake-client-secret"
+FAKE_APP_ID = "A0DEEPTHREAD"
+OAUTH_ACCESS_METHOD = "oauth.v2.access"
 SECTION_TEXT_LIMIT = 3_000
 MARKDOWN_BLOCKS_LIMIT = 12_000
 BLOCKS_PER_MESSAGE = 50
 TEXT_LIMIT = 40_000
 KNOWN_BLOCK_TYPES = frozenset({"section", "context", "markdown", "header", "divider", "rich_text", "actions", "image",
-                               "input", "file", "video"})
+                               "input", "file", "video", "context_actions"})
 MESSAGE_METHODS = frozenset({"chat.postMessage", "chat.update", "chat.postEphemeral"})
 UPLOAD_METHOD = "upload"
 # What a platform outage at delivery time breaks: posting, editing and the three steps of an upload.
 OUTAGE_METHODS = ("chat.postMessage", "chat.update", "files.getUploadURLExternal", UPLOAD_METHOD,
                   "files.completeUploadExternal")
 FIRST_TS_SECONDS = 1_700_000_000
+# Slack ends a streamed message left this long without an append (`message_not_in_streaming_state` afterwards).
+STREAM_IDLE_SECONDS = 300.0
+STREAM_TEXT_LIMIT = 12_000
 
 
 @dataclass
@@ -59,6 +74,18 @@ class SlackCall:
     wall_time: float
     status: int = 200
     error: str | None = None
+    # The token the call came with (Authorization: Bearer, or the `token` field); None for app-credential calls.
+    token: str | None = None
+
+
+@dataclass
+class PendingInstall:
+    """Who approves the next install on the fake authorize page: the workspace, and the person installing."""
+
+    team_id: str
+    team_name: str
+    installer: str
+    scopes: str = ""
 
 
 @dataclass
@@ -68,6 +95,26 @@ class SlackEdit:
     at: float
     text: str
     blocks: list[dict[str, Any]] | None
+
+
+@dataclass
+class SlackStream:
+    """A message written with chat.startStream/appendStream/stopStream: its pieces, its state, when it last moved."""
+
+    channel: str
+    ts: str
+    recipient_user_id: str | None
+    recipient_team_id: str | None
+    pieces: list[str] = field(default_factory=list)
+    state: str = "streaming"  # then "stopped", or "expired" after a pause
+    last_active: float = 0.0
+    stop_blocks: list[dict[str, Any]] | None = None
+    task_display_mode: str | None = None
+    streamed_tasks: StreamedTasks = field(default_factory=StreamedTasks)  # the task and plan chunks, in order
+
+    @property
+    def markdown(self) -> str:
+        return "".join(self.pieces)
 
 
 @dataclass
@@ -192,12 +239,14 @@ def blocks_error(blocks: Any) -> str | None:
             markdown_characters += len(block["text"])
         if kind == "context" and not 1 <= len(block.get("elements") or []) <= 10:
             return "invalid_blocks"
+        if kind == "context_actions" and context_actions_error(block):
+            return "invalid_blocks"
     if markdown_characters > MARKDOWN_BLOCKS_LIMIT:
         return "invalid_blocks"
     return None
 
 
-JSON_PARAMETERS = frozenset({"blocks", "attachments", "files", "metadata"})
+JSON_PARAMETERS = frozenset({"blocks", "attachments", "files", "metadata", "view"})
 
 
 def _decoded(key: str, value: Any) -> Any:
@@ -214,7 +263,9 @@ class FakeSlack(LoopbackFake):
     """The Slack Web API methods a bot uses, answering in Slack's shapes, with scripted rate limits and errors."""
 
     def __init__(self, *, token: str = FAKE_TOKEN, team_id: str = "T0FAKE", bot_user_id: str = "U0BOT",
-                 bot_id: str = "B0BOT", require_join: bool = False, validate_blocks: bool = True) -> None:
+                 bot_id: str = "B0BOT", require_join: bool = False, validate_blocks: bool = True,
+                 client_id: str = FAKE_CLIENT_ID, client_secret: str = FAKE_CLIENT_SECRET, app_id: str = FAKE_APP_ID,
+                 stream_idle_seconds: float = STREAM_IDLE_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
         self.token = token
         self.team_id = team_id
         self.bot_user_id = bot_user_id
@@ -222,6 +273,14 @@ class FakeSlack(LoopbackFake):
         self.require_join = require_join
         self.validate_blocks = validate_blocks
         self.users: dict[str, dict[str, Any]] = {}
+        # Streams expire after this long without an append, by `clock` (a test's manual clock, or `expire_streams`).
+        self.stream_idle_seconds = stream_idle_seconds
+        self.clock = clock
+        self._streams: dict[tuple[str, str], SlackStream] = {}
+        # Modals: `views.issue_trigger_id` for the payloads a test sends, `views.opened()` for what the bot opened.
+        self.views = SlackViews(team_id=team_id, clock=clock)
+        # Private channels (conversations.info says is_private; Slack hides one from a bot that is not in it).
+        self.private_channels: set[str] = set()
         self.requests = RequestLog()
         self._lock = threading.RLock()
         self._calls: list[SlackCall] = []
@@ -235,6 +294,16 @@ class FakeSlack(LoopbackFake):
         self._ts_counter = itertools.count(1)
         self._file_counter = itertools.count(1)
         self._server: LoopbackServer | None = None
+        # OAuth: the app's credentials, the bot tokens Slack has handed out (token -> workspace), codes not yet used.
+        self.client_id = client_id
+        self.client_secret = client_secret
+        self.app_id = app_id
+        self.oauth_redirect_url: str | None = None
+        self._workspace_of_token: dict[str, str] = {token: team_id}
+        self._team_names: dict[str, str] = {team_id: "Fake Workspace"}
+        self._next_install = PendingInstall(team_id=team_id, team_name="Fake Workspace", installer="U0INSTALLER")
+        self._oauth_codes: dict[str, PendingInstall] = {}
+        self._oauth_counter = itertools.count(1)
         self._handlers: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
             "auth.test": self._auth_test,
             "chat.postMessage": self._post_message,
@@ -249,9 +318,16 @@ class FakeSlack(LoopbackFake):
             "files.getUploadURLExternal": self._upload_url,
             "files.completeUploadExternal": self._complete_upload,
             "reactions.add": self._add_reaction,
+            "views.open": self.views.open,
+            "chat.startStream": self._start_stream,
+            "chat.appendStream": self._append_stream,
+            "chat.stopStream": self._stop_stream,
         }
+        self.assistant = FakeAssistantThreads(self)  # assistant.threads.setStatus, setSuggestedPrompts, setTitle
+        self._handlers.update(self.assistant.handlers())
         self.app = Starlette(routes=[
             Route("/api/{method}", self._api, methods=["GET", "POST"]),
+            Route("/oauth/v2/authorize", self._authorize, methods=["GET"]),
             Route("/upload/v1/{file_id}", self._upload, methods=["POST"]),
         ])
 
@@ -262,6 +338,29 @@ class FakeSlack(LoopbackFake):
     def api_url(self) -> str:
         """The base URL to configure as SLACK_API_URL (ends with `/`)."""
         return f"{self.url}/api/"
+
+    @property
+    def authorize_url(self) -> str:
+        """The OAuth approval page to configure as SLACK_AUTHORIZE_URL."""
+        return f"{self.url}/oauth/v2/authorize"
+
+    # --- OAuth installs --------------------------------------------------------------------------
+
+    def installing(self, team_id: str, team_name: str, installer: str = "U0INSTALLER") -> None:
+        """The next approval on the authorize page installs the app in workspace `team_id`, by `installer`."""
+        with self._lock:
+            self._next_install = PendingInstall(team_id=team_id, team_name=team_name, installer=installer)
+
+    def tokens_of(self, team_id: str) -> list[str]:
+        """The bot tokens handed out for workspace `team_id` that still work, oldest first."""
+        with self._lock:
+            return [token for token, team in self._workspace_of_token.items() if team == team_id]
+
+    def uninstall(self, team_id: str) -> None:
+        """What uninstalling does on Slack's side: the workspace's tokens stop working (`invalid_auth`)."""
+        with self._lock:
+            for token in self.tokens_of(team_id):
+                del self._workspace_of_token[token]
 
     # --- scripting -------------------------------------------------------------------------------
 
@@ -383,13 +482,19 @@ class FakeSlack(LoopbackFake):
             params.update({key: value for key, value in form.items() if isinstance(value, str)})
         return {key: _decoded(key, value) for key, value in params.items()}
 
-    def _token_error(self, request: Request, params: dict[str, Any]) -> str | None:
+    @staticmethod
+    def _presented_token(request: Request, params: dict[str, Any]) -> str | None:
+        """The token a call came with: the Bearer header first, else the `token` field."""
         authorization = request.headers.get("authorization", "")
-        token = authorization.removeprefix("Bearer ").strip() if authorization.startswith("Bearer ") else params.pop("token", None)
+        return authorization.removeprefix("Bearer ").strip() if authorization.startswith("Bearer ") else params.get("token")
+
+    def _token_error(self, request: Request, params: dict[str, Any]) -> str | None:
+        token = self._presented_token(request, params)
         params.pop("token", None)
         if not token:
             return "not_authed"
-        return None if token == self.token else "invalid_auth"
+        with self._lock:
+            return None if token in self._workspace_of_token else "invalid_auth"
 
     def _scripted(self, method: str, params: dict[str, Any]) -> ScriptedFailure | None:
         with self._lock:
@@ -403,31 +508,38 @@ class FakeSlack(LoopbackFake):
                 return script
         return None
 
-    def _record(self, method: str, params: dict[str, Any], status: int, error: str | None) -> None:
+    def _record(self, method: str, params: dict[str, Any], status: int, error: str | None, token: str | None = None) -> None:
         with self._lock:
             self._calls.append(SlackCall(method=method, params=params, at=time.monotonic(), wall_time=time.time(),
-                                         status=status, error=error))
+                                         status=status, error=error, token=token))
 
     async def _api(self, request: Request) -> Response:
         method = request.path_params["method"]
         body = await self._record_request(request)
         params = await self._params(request, body)
+        if method == OAUTH_ACCESS_METHOD:  # authenticated with the app's client id and secret, not a token
+            with self._lock:
+                answer = self._oauth_access(request, params)
+            self._record(method, params, 200, None if answer.get("ok") else answer.get("error"))
+            return JSONResponse(answer)
+        token = self._presented_token(request, params)
         token_error = self._token_error(request, params)
         if token_error:
-            self._record(method, params, 200, token_error)
+            self._record(method, params, 200, token_error, token)
             return JSONResponse({"ok": False, "error": token_error})
         await self._hold_if_asked(method, params)
         script = self._scripted(method, params)
         if script is not None:
-            self._record(method, params, script.status, script.error)
+            self._record(method, params, script.status, script.error, token)
             return JSONResponse({"ok": False, "error": script.error}, status_code=script.status, headers=script.headers)
         handler = self._handlers.get(method)
         if handler is None:
-            self._record(method, params, 200, "unknown_method")
+            self._record(method, params, 200, "unknown_method", token)
             return JSONResponse({"ok": False, "error": "unknown_method"})
         with self._lock:
-            answer = handler(params)
-        self._record(method, params, 200, None if answer.get("ok") else answer.get("error"))
+            # auth.test describes the workspace of the token it was called with.
+            answer = self._auth_test_of(str(token)) if method == "auth.test" else handler(params)
+        self._record(method, params, 200, None if answer.get("ok") else answer.get("error"), token)
         return JSONResponse(answer)
 
     async def _upload(self, request: Request) -> Response:
@@ -472,8 +584,52 @@ class FakeSlack(LoopbackFake):
         return None
 
     def _auth_test(self, params: dict[str, Any]) -> dict[str, Any]:
-        return {"ok": True, "url": "https://fake-workspace.slack.com/", "team": "Fake Workspace", "user": "deepthread",
-                "team_id": self.team_id, "user_id": self.bot_user_id, "bot_id": self.bot_id, "is_enterprise_install": False}
+        return self._auth_test_of(self.token)
+
+    async def _authorize(self, request: Request) -> Response:
+        """Slack's approval page, approved at once: back to the redirect URL with a one-time code and the state."""
+        await self._record_request(request)
+        query = request.query_params
+        if query.get("client_id") != self.client_id:
+            return PlainTextResponse("invalid_client_id", status_code=400)
+        redirect_url = query.get("redirect_uri") or self.oauth_redirect_url
+        if not redirect_url:
+            return PlainTextResponse("no redirect URL configured for the app", status_code=400)
+        with self._lock:
+            code = f"{next(self._oauth_counter)}.fake-oauth-code"
+            self._oauth_codes[code] = dataclasses.replace(self._next_install, scopes=query.get("scope", ""))
+            self._calls.append(SlackCall(method="oauth.v2.authorize", params=dict(query), at=time.monotonic(),
+                                         wall_time=time.time()))
+        location = f"{redirect_url}?{urlencode({'code': code, 'state': query.get('state', '')})}"
+        return Response(status_code=302, headers={"Location": location})
+
+    def _oauth_access(self, request: Request, params: dict[str, Any]) -> dict[str, Any]:
+        """`oauth.v2.access`: a code from the authorize page for a new bot token, in Slack's answer format."""
+        client_id, client_secret = _basic_credentials(request.headers.get("authorization", ""))
+        client_id = client_id or params.get("client_id")
+        client_secret = client_secret or params.get("client_secret")
+        if client_id != self.client_id:
+            return {"ok": False, "error": "invalid_client_id"}
+        if client_secret != self.client_secret:
+            return {"ok": False, "error": "bad_client_secret"}
+        install = self._oauth_codes.pop(str(params.get("code", "")), None)
+        if install is None:
+            return {"ok": False, "error": "invalid_code"}
+        token = f"xoxb-{install.team_id.lower()}-{next(self._oauth_counter)}-fake"
+        self._workspace_of_token[token] = install.team_id
+        self._team_names[install.team_id] = install.team_name
+        return {
+            "ok": True, "access_token": token, "token_type": "bot", "scope": install.scopes,
+            "bot_user_id": self.bot_user_id, "app_id": self.app_id,
+            "team": {"id": install.team_id, "name": install.team_name}, "enterprise": None,
+            "authed_user": {"id": install.installer}, "is_enterprise_install": False,
+        }
+
+    def _auth_test_of(self, token: str) -> dict[str, Any]:
+        team_id = self._workspace_of_token.get(token, self.team_id)
+        return {"ok": True, "url": "https://fake-workspace.slack.com/", "team": self._team_names.get(team_id, team_id),
+                "user": "deepthread", "team_id": team_id, "user_id": self.bot_user_id, "bot_id": self.bot_id,
+                "is_enterprise_install": False}
 
     def _post_message(self, params: dict[str, Any]) -> dict[str, Any]:
         error = self._message_error(params)
@@ -504,6 +660,9 @@ class FakeSlack(LoopbackFake):
         if "blocks" in params:
             # An empty list removes the blocks, as on Slack; leaving the field out keeps them.
             message.blocks = params.get("blocks") or None
+        stream = self._streams.get((channel, message.ts))
+        if stream is not None and stream.state == "streaming":
+            stream.state = "stopped"  # an edited message is a finished one
         message.edits.append(SlackEdit(at=time.monotonic(), text=message.text, blocks=message.blocks))
         return {"ok": True, "channel": channel, "ts": message.ts, "text": message.text, "message": message.as_api()}
 
@@ -532,8 +691,20 @@ class FakeSlack(LoopbackFake):
         return {"ok": True, "channel": channel, "permalink": f"https://fake-workspace.slack.com/archives/{channel}/p{ts.replace('.', '')}"}
 
     def _channel_json(self, channel: str) -> dict[str, Any]:
-        return {"id": channel, "name": f"channel-{channel.lower()}", "is_channel": True, "is_private": False,
-                "is_archived": False, "is_member": channel in self._joined or not self.require_join}
+        if channel.startswith("D"):
+            return {"id": channel, "created": FIRST_TS_SECONDS, "is_im": True, "is_org_shared": False,
+                    "user": "U0SOMEONE", "is_user_deleted": False, "priority": 0}
+        private = channel in self.private_channels
+        return {"id": channel, "name": f"channel-{channel.lower()}", "is_channel": True, "is_group": private,
+                "is_im": False, "is_mpim": False, "is_private": private, "is_archived": False,
+                "is_member": channel in self._joined or not self.require_join}
+
+    def add_private_channel(self, channel: str, *, bot_invited: bool = True) -> None:
+        """A private channel, with the bot invited into it unless told otherwise."""
+        with self._lock:
+            self.private_channels.add(channel)
+            if bot_invited:
+                self._joined.add(channel)
 
     def _join(self, params: dict[str, Any]) -> dict[str, Any]:
         channel = str(params.get("channel", ""))
@@ -544,7 +715,7 @@ class FakeSlack(LoopbackFake):
 
     def _conversation_info(self, params: dict[str, Any]) -> dict[str, Any]:
         channel = str(params.get("channel", ""))
-        if not channel:
+        if not channel or (channel in self.private_channels and channel not in self._joined):
             return {"ok": False, "error": "channel_not_found"}
         return {"ok": True, "channel": self._channel_json(channel)}
 
@@ -623,6 +794,133 @@ class FakeSlack(LoopbackFake):
             return {"ok": False, "error": "already_reacted"}
         users.append(self.bot_user_id)
         return {"ok": True}
+
+    # --- streamed messages (chat.startStream / appendStream / stopStream) --------------------------
+
+    def stream(self, channel: str, ts: str) -> SlackStream:
+        """The stream that wrote the message at `ts`; raises KeyError if none did."""
+        with self._lock:
+            return self._streams[(channel, ts)]
+
+    def streams(self) -> list[SlackStream]:
+        """Every stream started, in order."""
+        with self._lock:
+            return list(self._streams.values())
+
+    def expire_streams(self) -> None:
+        """End every open stream as Slack does after a pause: appends and stops answer `message_not_in_streaming_state`."""
+        with self._lock:
+            for stream in self._streams.values():
+                if stream.state == "streaming":
+                    stream.state = "expired"
+
+    def _open_stream(self, channel: str, ts: str) -> SlackStream | str:
+        """The open stream at `ts`, or the error Slack answers for it (expiring it when idle too long)."""
+        message = self._find(channel, ts)
+        stream = self._streams.get((channel, ts))
+        if message is None:
+            return "message_not_found"
+        if stream is None:
+            return "message_not_in_streaming_state"
+        if stream.state == "streaming" and self.clock() - stream.last_active > self.stream_idle_seconds:
+            stream.state = "expired"
+        return stream if stream.state == "streaming" else "message_not_in_streaming_state"
+
+    @staticmethod
+    def _stream_text(params: dict[str, Any]) -> str | None:
+        """The Markdown a stream call adds: `markdown_text`, then the `markdown_text` chunks (None: malformed chunks)."""
+        chunks = decoded_chunks(params.get("chunks"))
+        if chunks_error(chunks) is not None:
+            return None
+        texts = [str(chunk.get("text", "")) for chunk in chunks or [] if chunk.get("type") == "markdown_text"]
+        return str(params.get("markdown_text") or "") + "".join(texts)
+
+    def _show_stream(self, message: SlackMessage, stream: SlackStream) -> None:
+        message.text = stream.markdown
+        message.blocks = [{"type": "markdown", "text": stream.markdown}, *(stream.stop_blocks or [])]
+
+    def _start_stream(self, params: dict[str, Any]) -> dict[str, Any]:
+        channel, thread_ts = str(params.get("channel", "")), str(params.get("thread_ts") or "")
+        if not channel:
+            return {"ok": False, "error": "channel_not_found"}
+        if not thread_ts:
+            return {"ok": False, "error": "invalid_arguments"}
+        if not channel.startswith("D"):
+            # In channels Slack needs to know whom the stream is for.
+            for name in ("recipient_team_id", "recipient_user_id"):
+                if not params.get(name):
+                    return {"ok": False, "error": f"missing_{name}"}
+        if self._find(channel, thread_ts) is None:
+            return {"ok": False, "error": "thread_not_found"}
+        text = self._stream_text(params)
+        if text is None:
+            return {"ok": False, "error": "invalid_chunks"}
+        if len(text) > STREAM_TEXT_LIMIT:
+            return {"ok": False, "error": "msg_too_long"}
+        if params.get("task_display_mode") not in (None, *TASK_DISPLAY_MODES):
+            return {"ok": False, "error": "invalid_arguments"}
+        message = SlackMessage(channel=channel, ts=self._next_ts(), text="", blocks=None, thread_ts=thread_ts,
+                               user=self.bot_user_id, bot_id=self.bot_id, params=params, posted_at=time.monotonic())
+        stream = SlackStream(channel=channel, ts=message.ts, recipient_user_id=params.get("recipient_user_id"),
+                             recipient_team_id=params.get("recipient_team_id"), pieces=[text] if text else [],
+                             last_active=self.clock(), task_display_mode=params.get("task_display_mode"))
+        stream.streamed_tasks.add(decoded_chunks(params.get("chunks")))
+        self._streams[(channel, message.ts)] = stream
+        self._show_stream(message, stream)
+        self._channels.setdefault(channel, []).append(message)
+        return {"ok": True, "channel": channel, "ts": message.ts}
+
+    def _append_stream(self, params: dict[str, Any]) -> dict[str, Any]:
+        channel, ts = str(params.get("channel", "")), str(params.get("ts", ""))
+        stream = self._open_stream(channel, ts)
+        if isinstance(stream, str):
+            return {"ok": False, "error": stream}
+        text = self._stream_text(params)
+        if text is None:
+            return {"ok": False, "error": "invalid_chunks"}
+        chunks = decoded_chunks(params.get("chunks"))
+        if not text and not chunks:
+            return {"ok": False, "error": "no_text"}
+        if len(text) > STREAM_TEXT_LIMIT:
+            return {"ok": False, "error": "msg_too_long"}
+        if text:
+            stream.pieces.append(text)
+        stream.streamed_tasks.add(chunks)
+        stream.last_active = self.clock()
+        self._show_stream(self._find(channel, ts), stream)  # type: ignore[arg-type]
+        return {"ok": True, "channel": channel, "ts": ts}
+
+    def _stop_stream(self, params: dict[str, Any]) -> dict[str, Any]:
+        channel, ts = str(params.get("channel", "")), str(params.get("ts", ""))
+        stream = self._open_stream(channel, ts)
+        if isinstance(stream, str):
+            return {"ok": False, "error": stream}
+        text = self._stream_text(params)
+        if text is None:
+            return {"ok": False, "error": "invalid_chunks"}
+        blocks = params.get("blocks")
+        if blocks is not None and (not isinstance(blocks, list) or blocks_error(blocks)):
+            return {"ok": False, "error": "invalid_blocks"}
+        if text:
+            stream.pieces.append(text)
+        stream.streamed_tasks.add(decoded_chunks(params.get("chunks")))
+        stream.stop_blocks = blocks or None
+        stream.state = "stopped"
+        message = self._find(channel, ts)
+        self._show_stream(message, stream)  # type: ignore[arg-type]
+        return {"ok": True, "channel": channel, "ts": ts, "message": message.as_api()}  # type: ignore[union-attr]
+
+
+def _basic_credentials(authorization: str) -> tuple[str | None, str | None]:
+    """The client id and secret of an `Authorization: Basic …` header (how slack-sdk sends them), or Nones."""
+    if not authorization.startswith("Basic "):
+        return None, None
+    try:
+        decoded = base64.b64decode(authorization.removeprefix("Basic ").strip()).decode("utf-8")
+    except (ValueError, UnicodeDecodeError):
+        return None, None
+    client_id, _, client_secret = decoded.partition(":")
+    return client_id, client_secret
 
 
 def entry_title(entries: list[dict[str, Any]], file_id: str) -> str | None:

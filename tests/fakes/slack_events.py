@@ -170,9 +170,21 @@ class SlackEventSender:
             event["item_user"] = item_user
         return event
 
+    def assistant_thread(self, event_type: str, *, user: str, channel: str, thread_ts: str,
+                         context_channel: str | None = None) -> dict[str, Any]:
+        """An `assistant_thread_started` or `assistant_thread_context_changed` event for the DM thread `thread_ts`,
+        with the channel the person is looking at as its context."""
+        context: dict[str, Any] = {"team_id": self.team_id, "enterprise_id": None}
+        if context_channel:
+            context["channel_id"] = context_channel
+        return {"type": event_type, "assistant_thread": {"user_id": user, "context": context, "channel_id": channel,
+                                                         "thread_ts": thread_ts}, "event_ts": self.next_ts()}
+
     def block_action(self, action_id: str, value: str, *, user: str, channel: str, message_ts: str,
-                     thread_ts: str | None = None, label: str = "Button") -> SlackRequest:
-        """A `block_actions` payload for a button click on the bot's message (form field `payload`)."""
+                     thread_ts: str | None = None, label: str = "Button", trigger_id: str | None = None,
+                     element_type: str = "button") -> SlackRequest:
+        """A `block_actions` payload for a button click on the bot's message (form field `payload`); `trigger_id` as
+        the fake Web API issued it (`FakeSlack.views.issue_trigger_id`) when the bot is to open a modal with it."""
         number = self.next_number()
         message: dict[str, Any] = {"type": "message", "user": self.bot_user_id, "bot_id": "B0BOT", "ts": message_ts,
                                    "text": "status", "team": self.team_id}
@@ -183,11 +195,32 @@ class SlackEventSender:
         payload = {
             "type": "block_actions", "user": {"id": user, "username": user.lower(), "name": user.lower(), "team_id": self.team_id},
             "api_app_id": self.api_app_id, "token": VERIFICATION_TOKEN, "container": container,
-            "trigger_id": f"{number}.{number}.trigger", "team": {"id": self.team_id, "domain": "fake-workspace"},
+            "trigger_id": trigger_id or f"{number}.{number}.trigger", "team": {"id": self.team_id, "domain": "fake-workspace"},
             "enterprise": None, "is_enterprise_install": False, "channel": {"id": channel, "name": "research"},
             "message": message, "state": {"values": {}}, "response_url": f"{self.response_url}/actions/{number}",
             "actions": [{"action_id": action_id, "block_id": "deepthread_run", "text": {"type": "plain_text", "text": label},
-                         "value": value, "type": "button", "action_ts": f"{time.time():.6f}"}],
+                         "value": value, "type": element_type, "action_ts": f"{time.time():.6f}"}],
+        }
+        return SlackRequest(body=urlencode({"payload": json.dumps(payload)}), content_type=FORM)
+
+    def feedback_click(self, value: str, *, user: str, channel: str, message_ts: str, thread_ts: str | None = None,
+                       trigger_id: str | None = None, action_id: str = "deepthread_feedback") -> SlackRequest:
+        """A click on a `feedback_buttons` element: a `block_actions` whose action carries the clicked button's value."""
+        return self.block_action(action_id, value, user=user, channel=channel, message_ts=message_ts, thread_ts=thread_ts,
+                                 label="👎" if value.startswith("bad") else "👍", trigger_id=trigger_id,
+                                 element_type="feedback_buttons")
+
+    def view_submission(self, view: dict[str, Any], values: dict[str, dict[str, str]], *, user: str) -> SlackRequest:
+        """A modal submitted: `view` as `views.open` answered it, the inputs' `values` as {block_id: {action_id: text}}."""
+        number = self.next_number()
+        state = {block_id: {action_id: {"type": "plain_text_input", "value": text} for action_id, text in actions.items()}
+                 for block_id, actions in values.items()}
+        payload = {
+            "type": "view_submission", "team": {"id": self.team_id, "domain": "fake-workspace"},
+            "user": {"id": user, "username": user.lower(), "name": user.lower(), "team_id": self.team_id},
+            "api_app_id": self.api_app_id, "token": VERIFICATION_TOKEN, "trigger_id": f"{number}.{number}.trigger",
+            "view": {**view, "state": {"values": state}}, "response_urls": [], "is_enterprise_install": False,
+            "enterprise": None,
         }
         return SlackRequest(body=urlencode({"payload": json.dumps(payload)}), content_type=FORM)
 

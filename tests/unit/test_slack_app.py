@@ -13,12 +13,9 @@ import fakeredis
 import pytest
 import yaml
 from slack_bolt.async_app import AsyncApp
-from slack_bolt.request.async_request import AsyncBoltRequest
-from slack_bolt.response import BoltResponse
 
 from bot.conversation.events import ChatEvent, Outcome, Reply
 from chat.message import Content
-from chat.slack.messenger import build_slack_client
 from chat.render import ReportDelivery
 from chat.slack.render import (
     BLOCKS_PER_MESSAGE,
@@ -37,9 +34,11 @@ from bot.slack.dedupe import CLAIM_SECONDS, EVENT_KEY, MemoryEventDeduper, Redis
 from config import load_settings
 from research.report import Report, ReportSource
 from tests.fakes.slack_api import FakeSlack, SlackMessage
-from tests.fakes.slack_events import ResponseUrlCatcher, SlackEventSender, SlackRequest
+from tests.fakes.recording_core import RecordingCore
+from tests.fakes.slack_events import ResponseUrlCatcher, SlackEventSender
+from tests.unit.slack_adapter import SECRET, dispatch, listeners_finished, make_app
+from tests.waiting import HANG_GUARD_SECONDS, eventually
 
-SECRET = "unit-signing-secret"
 CHANNEL = "C0RESEARCH"
 USER = "U0ASKER"
 BOT = "U0BOT"
@@ -63,21 +62,6 @@ class SlackWithPrivateChannels(FakeSlack):
         if params.get("channel") in self.private_channels and params.get("channel") not in self._joined:
             return {"ok": False, "error": "channel_not_found"}
         return super()._conversation_info(params)
-
-
-class RecordingCore:
-    """A stand-in for the conversation core: records each event and answers with `answer(event)`."""
-
-    def __init__(self, answer: Callable[[ChatEvent], Outcome] | None = None) -> None:
-        self.events: list[ChatEvent] = []
-        self.answer = answer or (lambda event: Outcome())
-        self.release = asyncio.Event()
-        self.release.set()
-
-    async def handle(self, event: ChatEvent) -> Outcome:
-        self.events.append(event)
-        await self.release.wait()
-        return self.answer(event)
 
 
 class FailingCore:
@@ -107,39 +91,9 @@ def core() -> RecordingCore:
     return RecordingCore()
 
 
-def make_app(slack: FakeSlack, core: Any) -> AsyncApp:
-    settings = load_settings(slack_bot_token=slack.token, slack_signing_secret=SECRET, slack_api_url=slack.api_url)
-    return build_slack_app(settings, core, client=build_slack_client(slack.token, slack.api_url), dedupe=MemoryEventDeduper())
-
-
 @pytest.fixture
 def app(slack: FakeSlack, core: RecordingCore) -> AsyncApp:
     return make_app(slack, core)
-
-
-async def dispatch(app: AsyncApp, sender: SlackEventSender, request: SlackRequest, **headers: Any) -> BoltResponse:
-    signed = {name.lower(): value for name, value in sender.headers(request, **headers).items()}
-    return await app.async_dispatch(AsyncBoltRequest(body=request.body, headers=signed))
-
-
-async def eventually(condition: Callable[[], Any], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.005)
-
-
-# Guards against a hang only; a correct run passes in milliseconds.
-HANG_GUARD_SECONDS = 20.0
-
-
-async def listeners_finished() -> None:
-    """Wait until every listener bolt started in the background has returned, so one that should do nothing is done."""
-    others = {task for task in asyncio.all_tasks() if task is not asyncio.current_task()}
-    if others:
-        _, pending = await asyncio.wait(others, timeout=HANG_GUARD_SECONDS)
-        assert not pending, f"listeners still running: {pending}"
 
 
 # --- events into ChatEvents ------------------------------------------------------------------------
@@ -455,9 +409,9 @@ def test_partial_done_status_offers_retry_and_continue_but_a_whole_one_does_not(
 
 
 @pytest.mark.parametrize("state", ["queued", "running"])
-def test_status_of_a_run_in_flight_has_no_buttons(state: str) -> None:
+def test_status_of_a_run_in_flight_offers_only_stop(state: str) -> None:
     progress = initial_progress(run_id=1, mode="research", question="q", requested_by="slack:U1", state=state)
-    assert buttons_of(blocks_of(SlackRenderer().status(progress, now=NOW))) == []
+    assert buttons_of(blocks_of(SlackRenderer().status(progress, now=NOW))) == [("deepthread_stop", "1")]
 
 
 def test_failed_plan_offers_retry_only() -> None:

@@ -1,0 +1,35 @@
+"""A stand-in for the conversation core behind a chat adapter: it records each event and answers as the test says."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+
+from bot.conversation.events import ChatEvent, Outcome
+
+
+class RecordingCore:
+    """Records each event (from any thread), holds it while `release` is clear, then answers with `answer(event)`."""
+
+    def __init__(self, answer: Callable[[ChatEvent], Outcome] | None = None) -> None:
+        self.events: list[ChatEvent] = []
+        self.answer = answer or (lambda event: Outcome())
+        self.release = threading.Event()
+        self.release.set()
+        self._lock = threading.Lock()
+
+    async def handle(self, event: ChatEvent) -> Outcome:
+        with self._lock:
+            self.events.append(event)
+        while not self.release.is_set():
+            await asyncio.sleep(0.005)
+        return self.answer(event)
+
+    def texts(self) -> list[str]:
+        with self._lock:
+            return [event.text for event in self.events]
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self.events)

@@ -1,0 +1,39 @@
+"""Honest framing: every report and answer says an AI wrote it, which model, and what from — on Slack, Discord and in
+the terminal's Markdown and HTML exports."""
+
+from __future__ import annotations
+
+from chat.discord.render import DiscordRenderer, escape_text
+from chat.slack.render import SlackRenderer
+from research.report import Report, ReportSource, ai_framing_line, render_html, render_markdown
+
+FROM_SOURCES = "Written by AI (gpt-test-1) from the sources listed — check the citations."
+
+
+def report(*, model: str | None = "gpt-test-1", sources: bool = True, mode: str = "research") -> Report:
+    listed = [ReportSource(number=1, source_id="s1", title="A source", url="https://example.com/a")] if sources else []
+    return Report(question="Why?", title="Why", body_markdown="## Why\n\nBecause [1].", model=model, sources=listed,
+                  mode=mode)
+
+
+def test_a_report_names_the_model_that_wrote_it_from_its_sources() -> None:
+    assert ai_framing_line(report()) == FROM_SOURCES
+
+
+def test_an_answer_without_sources_says_it_had_none() -> None:
+    assert ai_framing_line(report(sources=False, mode="chat")) == (
+        "Written by AI (gpt-test-1) without web sources — check it before relying on it.")
+
+
+def test_a_report_stored_before_models_were_named_still_says_an_ai_wrote_it() -> None:
+    assert ai_framing_line(report(model=None)) == "Written by AI from the sources listed — check the citations."
+
+
+def test_slack_discord_and_exports_all_carry_the_framing_line() -> None:
+    for use_markdown_blocks in (True, False):
+        delivery = SlackRenderer(use_markdown_blocks=use_markdown_blocks).report(report(), requester="slack:U1", run_id=3)
+        assert any(FROM_SOURCES in message.text for message in delivery.messages)
+    discord = DiscordRenderer().report(report(), requester="discord:123456789012345678", run_id=3)
+    assert any(escape_text(FROM_SOURCES) in message.text for message in discord.messages)  # shown as typed
+    assert FROM_SOURCES in render_markdown(report())
+    assert FROM_SOURCES in render_html(report())

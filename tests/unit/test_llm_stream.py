@@ -1,0 +1,104 @@
+"""Streamed answers: LLMClient reads the fake endpoint's server-sent events through the openai SDK and shows only
+what a reader may see (never a reasoning block), while the finished answer is the one the non-streamed path gives."""
+
+from __future__ import annotations
+
+import json
+
+from research.llm import LLMClient, visible_streamed_text
+from tests.fakes.llm import FakeLLM, FakeReply, in_order
+from tests.fakes.model_zoo import zoo_model
+
+QUESTION = [{"role": "system", "content": "You are careful."}, {"role": "user", "content": "What is the capital of France?"}]
+ANSWER = "Paris is the capital of France, on the Seine, with about two million people."
+
+
+async def streamed(fake: FakeLLM, **options: object) -> tuple[list[str], str, LLMClient]:
+    shown: list[str] = []
+
+    async def on_text(visible: str) -> None:
+        shown.append(visible)
+
+    async with LLMClient(fake.config(), http_client=fake.http_client()) as client:
+        answer = await client.complete_long(QUESTION, task="chat", on_text=on_text, **options)  # type: ignore[arg-type]
+    return shown, answer.text, client
+
+
+async def test_a_streamed_answer_is_shown_as_it_grows_and_ends_as_the_whole_answer() -> None:
+    fake = FakeLLM(lambda request: ANSWER)
+    shown, text, client = await streamed(fake)
+    assert text == ANSWER
+    assert len(shown) > 5 and shown[-1] == ANSWER
+    assert all(later.startswith(earlier) for earlier, later in zip(shown, shown[1:]))
+    assert fake.chat_requests[0].raw["stream"] is True
+    assert fake.chat_requests[0].raw["stream_options"] == {"include_usage": True}
+    assert client.ledger.by_model["fake-model"].estimated_calls == 0  # usage came in the stream's last chunk
+
+
+async def test_the_fake_sends_openai_chunks_and_done_last() -> None:
+    fake = FakeLLM(lambda request: "two words")
+    async with fake.http_client() as http:
+        response = await http.post(f"{fake.base_url}/chat/completions",
+                                   json={"model": "fake-model", "messages": QUESTION, "stream": True})
+    events = [line.removeprefix("data: ") for line in response.text.split("\n\n") if line]
+    assert response.headers["content-type"].startswith("text/event-stream")
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(event) for event in events[:-1]]
+    assert {chunk["object"] for chunk in chunks} == {"chat.completion.chunk"}
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert "".join(chunk["choices"][0]["delta"].get("content", "") for chunk in chunks) == "two words"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop" and "usage" not in chunks[-1]
+
+
+async def test_a_think_block_is_never_shown_while_streaming() -> None:
+    fake = FakeLLM(zoo_model("think_blocks").handler)
+    shown, text, _ = await streamed(fake)
+    assert shown and not any("think>" in visible or "reason" in visible.lower() for visible in shown)
+    assert text == shown[-1] and "<think>" not in text
+
+
+async def test_reasoning_whose_opening_tag_was_swallowed_is_dropped_once_it_ends() -> None:
+    fake = FakeLLM(zoo_model("think_tag_swallowed").handler)
+    shown, text, _ = await streamed(fake)
+    assert "</think>" not in shown[-1] and shown[-1] == text
+    assert not any("</think" in visible for visible in shown)
+
+
+async def test_reasoning_content_deltas_are_never_shown() -> None:
+    fake = FakeLLM(lambda request: FakeReply(content=ANSWER, reasoning="Secret chain of thought about Paris."))
+    shown, text, _ = await streamed(fake)
+    assert text == ANSWER and not any("Secret" in visible for visible in shown)
+
+
+def test_a_reasoning_tag_still_arriving_is_held_back() -> None:
+    assert visible_streamed_text("The answer is <thi") == "The answer is"
+    assert visible_streamed_text("The answer is <think>still thinking") == "The answer is"
+    assert visible_streamed_text("a < b") == "a < b"
+
+
+def test_an_opening_fence_is_dropped_and_a_closing_one_held_back() -> None:
+    assert visible_streamed_text("```mark") == ""
+    assert visible_streamed_text("```markdown\n## Findings\nParis ``") == "## Findings\nParis"
+
+
+async def test_a_fenced_answer_never_shows_its_fence() -> None:
+    fake = FakeLLM(lambda request: f"```markdown\n{ANSWER}\n```")
+    shown, _, _ = await streamed(fake)
+    assert shown[-1] == ANSWER and not any("`" in visible for visible in shown)
+
+
+async def test_an_endpoint_refusing_stream_options_is_streamed_without_them() -> None:
+    fake = FakeLLM(lambda request: ANSWER, unsupported_parameters={"stream_options"})
+    shown, text, client = await streamed(fake)
+    assert text == ANSWER and shown[-1] == ANSWER
+    assert "stream_options" not in fake.chat_requests[-1].raw
+    assert client.ledger.by_model["fake-model"].estimated_calls == 1  # no usage chunk without stream_options
+
+
+async def test_a_continued_answer_streams_on_from_the_text_already_shown() -> None:
+    first, rest = "Paris is the capital", " of France."
+    fake = FakeLLM(in_order(FakeReply(content=first, finish_reason="length"), FakeReply(content=rest)))
+    shown, text, _ = await streamed(fake)
+    assert text == first + rest and shown[-1] == text
+    assert all(later.startswith(earlier) for earlier, later in zip(shown, shown[1:]))
+

@@ -1,0 +1,185 @@
+"""A research run's progress as a streamed task list in its thread, on platforms that stream tasks (Slack).
+
+The stream opens with the run's first state and then receives the tasks that changed, coalesced like status edits (at
+most one append per `min_interval`, the latest state last) and drawn from the same per-workspace edit budget. The
+status message stays: while the stream is live it is edited only when the phase or the run's state changes. Any
+stream error (refused, expired after a pause, rate limited for good) ends streaming for the run: the status message
+then takes every state again, as without streaming, and the streamed message is finished with an ordinary edit
+(`show_task_list`, Slack's chat.update on the same ts). The streamed message is recorded on the run before anything
+else happens to it, so a later attempt or the resume sweep finishes that message rather than opening another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from chat.message import MessageRef, Place
+from chat.state import RunProgress
+from chat.tasks import TaskList, TaskStreaming, task_list
+from storage.models import Run
+from worker.progress import Clock, EditBudget, Sleep, StatusEditor
+
+logger = logging.getLogger(__name__)
+
+# How a run's streamed progress message is recorded among its delivered messages (never edited as a report message).
+PROGRESS = "progress"
+
+MayOpen = Callable[[int], Awaitable[bool]]
+RecordOpened = Callable[[int, MessageRef], Awaitable[bool]]
+OnFallback = Callable[[RunProgress], Awaitable[None]]
+
+
+def _reason_of(error: BaseException) -> str:
+    """The platform's error code, or the exception's type (never message text)."""
+    return getattr(error, "reason", None) or type(error).__name__
+
+
+class ProgressStream:
+    """One attempt's progress as a streamed task list: `show` each state, `close` with the final one (on the delivery loop)."""
+
+    def __init__(self, messenger: TaskStreaming, place: Place, recipient: str, *, bucket: EditBudget,
+                 may_open: MayOpen, record_opened: RecordOpened, on_fallback: OnFallback, min_interval: float = 1.0,
+                 clock: Clock = time.monotonic, sleep: Sleep = asyncio.sleep) -> None:
+        self.messenger = messenger
+        self.place = place
+        self.recipient = recipient
+        self._may_open = may_open
+        self._record_opened = record_opened
+        self._on_fallback = on_fallback
+        self.ref: MessageRef | None = None
+        self.shown: TaskList | None = None
+        self.fallen_back = False  # the status message shows the progress again; nothing more is streamed
+        self.stopped = False  # chat.stopStream went through: the stream ended as it should
+        self._closing = False
+        # The final state does not wait for the budget: the report follows it, and a busy workspace must not hold that up.
+        self._sender = StatusEditor(self._send, bucket=bucket, workspace=place.workspace, min_interval=min_interval,
+                                    final_wait=0.0, clock=clock, sleep=sleep, count_edit=lambda outcome: None)
+
+    async def show(self, progress: RunProgress) -> None:
+        """Make `progress` the next state to stream; returns at once (ignored once fallen back or closed)."""
+        if not self.fallen_back:
+            await self._sender.update(progress)
+
+    async def close(self, final_progress: RunProgress) -> None:
+        """Show the final task list: the stream stopped with its last changes, or, when it ended early, the message
+        edited; raises MessengerError when even the edit failed (the delivery retries)."""
+        self._closing = True
+        await self._sender.close(final_progress)
+
+    async def stop(self) -> None:
+        """Stop without a final state (a stale attempt must not deliver)."""
+        await self._sender.stop()
+
+    async def _send(self, progress: RunProgress) -> None:
+        tasks = task_list(progress)
+        if self._closing:
+            await self._finish(tasks)
+            return
+        if self.fallen_back:
+            return
+        try:
+            if self.ref is None:
+                await self._open(progress, tasks)
+            else:
+                changed = tasks.changed_since(self.shown)
+                if changed:
+                    await self.messenger.append_task_stream(self.ref, changed)
+                    self.shown = tasks
+        except Exception as error:  # any stream error: the status message takes over, nothing is lost
+            logger.info("progress stream of %s ended early (%s); editing the status message instead",
+                        self.place.channel, _reason_of(error))
+            await self._fall_back(progress)
+
+    async def _open(self, progress: RunProgress, tasks: TaskList) -> None:
+        if not await self._may_open(progress.attempt):
+            # An earlier attempt's streamed message is in the thread (the delivery finishes it), or this attempt is stale.
+            await self._fall_back(progress)
+            return
+        self.ref = await self.messenger.start_task_stream(self.place, tasks, recipient=self.recipient)
+        self.shown = tasks
+        if not await self._record_opened(progress.attempt, self.ref):
+            self.fallen_back = True  # a newer attempt owns the run: it shows the progress
+
+    async def _fall_back(self, progress: RunProgress) -> None:
+        self.fallen_back = True
+        await self._on_fallback(progress)
+
+    async def _finish(self, tasks: TaskList) -> None:
+        if self.ref is None:
+            return
+        if not self.fallen_back:
+            try:
+                await self.messenger.stop_task_stream(self.ref, tasks.changed_since(self.shown))
+                self.stopped = True
+                self.shown = tasks
+                return
+            except Exception as error:  # expired at the last moment: the same message is edited instead
+                logger.info("could not stop the progress stream (%s); editing it instead", _reason_of(error))
+        await self.messenger.show_task_list(self.ref, tasks)
+        self.shown = tasks
+
+
+def progress_entry(delivered: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The recorded progress message among a run's delivered messages, if any."""
+    return next((entry for entry in delivered if entry.get("kind") == PROGRESS), None)
+
+
+def may_open_progress(sessions: sessionmaker[Session], run_id: int, attempt: int) -> bool:
+    """Whether `attempt` owns the run and no attempt has opened a progress message yet (one per run, ever)."""
+    with sessions() as session:
+        run = session.get(Run, run_id)
+        return run is not None and run.attempt == attempt and progress_entry(list(run.delivered_messages or [])) is None
+
+
+def record_progress_message(sessions: sessionmaker[Session], run_id: int, attempt: int, ref: MessageRef) -> bool:
+    """Record the streamed progress message on the run (unless a newer attempt owns it); whether it was recorded."""
+    with sessions.begin() as session:
+        run = session.get(Run, run_id)
+        if run is None or run.attempt != attempt:
+            return False
+        entry = {"kind": PROGRESS, "ref": ref.model_dump(mode="json"), "final": False}
+        run.delivered_messages = [*(run.delivered_messages or []), entry]
+        return True
+
+
+def mark_progress_final(sessions: sessionmaker[Session], run_id: int, attempt: int) -> None:
+    """Record that the progress message shows the run's final state, so no retry edits it again."""
+    with sessions.begin() as session:
+        run = session.get(Run, run_id)
+        if run is None or run.attempt != attempt:
+            return
+        run.delivered_messages = [{**entry, "final": True} if entry.get("kind") == PROGRESS else entry
+                                  for entry in run.delivered_messages or []]
+
+
+def unfinished_progress_message(sessions: sessionmaker[Session], run_id: int) -> MessageRef | None:
+    """The run's progress message while it does not show the final state yet."""
+    with sessions() as session:
+        run = session.get(Run, run_id)
+        entry = progress_entry(list(run.delivered_messages or [])) if run is not None else None
+    return MessageRef.model_validate(entry["ref"]) if entry is not None and not entry.get("final") else None
+
+
+async def finish_progress_message(sessions: sessionmaker[Session], run_id: int, final_progress: RunProgress, *,
+                                  messenger: object, stream: ProgressStream | None) -> None:
+    """Show the final state in the run's progress message, once: the live stream stopped, or the recorded message
+    (an earlier attempt's, or this one's after the stream ended) edited; raises MessengerError when that failed."""
+    ref = await asyncio.to_thread(unfinished_progress_message, sessions, run_id)
+    if stream is not None and (ref is None or stream.ref != ref):
+        await stream.stop()  # never opened here, or not the recorded message: nothing of it to finish
+        stream = None
+    if ref is None:
+        return
+    if stream is not None:
+        await stream.close(final_progress)
+    elif isinstance(messenger, TaskStreaming):
+        await messenger.show_task_list(ref, task_list(final_progress))
+    else:
+        return
+    await asyncio.to_thread(mark_progress_final, sessions, run_id, final_progress.attempt)
