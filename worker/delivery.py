@@ -25,15 +25,24 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, joinedload, sessionmaker
 
-from chat.message import Messenger, MessageRef, MessengerError, Place
+from chat.message import AnswerStreaming, Messenger, MessageRef, MessengerError, Place
 from chat.platform import Outbound
 from chat.render import PlatformRenderer
 from chat.state import RunProgress, initial_progress, progress_of_stored_run
+from chat.tasks import TaskStreaming
 from research.report import Report, audit_line
 from storage.db import database_now
 from storage.models import Event, Run, utcnow
+from worker.answer_stream import AnswerStream
 from worker.leases import claim_undelivered, holds_attempt
 from worker.progress import EditBudget, StatusEditor
+from worker.progress_stream import (
+    PROGRESS,
+    ProgressStream,
+    finish_progress_message,
+    may_open_progress,
+    record_progress_message,
+)
 
 if TYPE_CHECKING:
     from config import Settings
@@ -111,6 +120,7 @@ class DeliveryTarget:
     place: Place
     status_ref: MessageRef | None
     requester: str
+    mode: str = ""
 
     @classmethod
     def load(cls, sessions: sessionmaker[Session], run_id: int) -> DeliveryTarget | None:
@@ -124,7 +134,7 @@ class DeliveryTarget:
                        place=Place(platform=conversation.platform, workspace=conversation.workspace,
                                    channel=conversation.channel, thread=conversation.thread),
                        status_ref=MessageRef.model_validate(run.status_message) if run.status_message else None,
-                       requester=platform_user(run.requested_by))
+                       requester=platform_user(run.requested_by), mode=run.mode)
 
 
 class RunDelivery:
@@ -143,16 +153,45 @@ class RunDelivery:
         self.retry = retry or DeliveryRetry()
         self._clock = clock  # None: the database's clock, the one the sweep judges retry times by
         self._first_shown = False
+        self._fresh_attempt: int | None = None  # an attempt known to hold the lease without asking the database
         self._report_in_thread = False
+        self.answer_stream: AnswerStream | None = None
         self.editor = StatusEditor(self._edit_status, bucket=bucket, workspace=self.place.workspace,
                                    min_interval=min_interval)
+        self.progress_stream = self._progress_stream(target.mode, bucket, min_interval)
+        self._latest: RunProgress | None = None
+        self._status_phase: tuple[str | None, str] | None = None  # what the status message last showed while streaming
+
+    def _progress_stream(self, mode: str, bucket: EditBudget, min_interval: float) -> ProgressStream | None:
+        """Research progress as a streamed task list, where the platform and the workspace allow it."""
+        if mode != "research" or not self.place.thread or not isinstance(self.messenger, TaskStreaming) \
+                or not self.messenger.streams_tasks(self.place.workspace):
+            return None
+        return ProgressStream(
+            self.messenger, self.place, self.requester, bucket=bucket, min_interval=min_interval,
+            may_open=lambda attempt: asyncio.to_thread(may_open_progress, self.sessions, self.run_id, attempt),
+            record_opened=lambda attempt, ref: asyncio.to_thread(record_progress_message, self.sessions, self.run_id,
+                                                                 attempt, ref),
+            on_fallback=self._status_takes_over)
+
+    async def _status_takes_over(self, progress: RunProgress) -> None:
+        """The stream ended early: the status message shows every state again, starting with the latest."""
+        await self.editor.update(self._latest or progress)
+
+    def _phase_changed(self, progress: RunProgress) -> bool:
+        key = (progress.current_phase, progress.state)
+        changed, self._status_phase = key != self._status_phase, key
+        return changed
 
     def _owns(self, attempt: int) -> bool:
         with self.sessions() as session:
             return holds_attempt(session, self.run_id, attempt)
 
     async def _edit_status(self, progress: RunProgress) -> None:
-        if self.status_ref is None or not await asyncio.to_thread(self._owns, progress.attempt):
+        if self.status_ref is None:
+            return
+        fresh, self._fresh_attempt = progress.attempt == self._fresh_attempt, None
+        if not fresh and not await asyncio.to_thread(self._owns, progress.attempt):
             return
         await self.messenger.edit(self.status_ref, self.renderer.status(progress, now=dt.datetime.now(dt.timezone.utc)))
 
@@ -163,7 +202,61 @@ class RunDelivery:
         start at once, not after the engine's first steps have had their turn on the event loop.
         """
         first, self._first_shown = not self._first_shown, True
+        if first:
+            # The runner shows the first state right after taking the lease: that edit needs no ownership check.
+            self._fresh_attempt = progress.attempt
+        self._latest = progress
+        stream = self.progress_stream
+        if stream is not None and not stream.fallen_back:
+            await stream.show(progress)
+            # While the tasks stream, the status message follows the phase and the run's state only.
+            if not self._phase_changed(progress) and not first:
+                return
         await self.editor.update(progress, wait_seconds=FIRST_EDIT_WAIT_SECONDS if first else 0.0)
+
+    def stream_answer(self, attempt: int, loop: asyncio.AbstractEventLoop) -> AnswerStream | None:
+        """A stream showing this attempt's answer in the thread as it is written, run on `loop` (the delivery's);
+        None when the platform does not stream (the answer is then posted whole) or the run has no thread."""
+        if self.answer_stream is None and isinstance(self.messenger, AnswerStreaming) and self.place.thread:
+            self.answer_stream = AnswerStream(
+                self.messenger, self.place, self.requester, loop=loop,
+                may_open=lambda: asyncio.to_thread(self._may_stream, attempt),
+                record_opened=lambda ref: asyncio.to_thread(self._record_streamed, attempt, ref))
+        return self.answer_stream
+
+    def _may_stream(self, attempt: int) -> bool:
+        """Whether this attempt owns the run and nothing of its answer is in the thread yet (a retry edits that)."""
+        with self.sessions() as session:
+            run = session.get(Run, self.run_id)
+            return run is not None and run.attempt == attempt and not run.delivered_messages
+
+    def _record_streamed(self, attempt: int, ref: MessageRef) -> bool:
+        """Record the streamed message as the answer's first message, so that delivery edits it, never reposts."""
+        entry = {"kind": "message", "ref": ref.model_dump(mode="json"), "streamed": True}
+        with self.sessions.begin() as session:
+            return bool(session.execute(
+                update(Run).where(Run.id == self.run_id, Run.attempt == attempt).values(delivered_messages=[entry])
+            ).rowcount)
+
+    async def close_answer_stream(self) -> None:
+        """End the answer's stream, if one is open (the audited answer then replaces what it showed)."""
+        if self.answer_stream is not None:
+            await self.answer_stream.close()
+
+    async def stop_progress_stream(self) -> None:
+        """Stop streaming progress without a final state (a stale or broken attempt)."""
+        if self.progress_stream is not None:
+            await self.progress_stream.stop()
+
+    async def _final_progress_message(self, progress: RunProgress) -> None:
+        """The final state in the run's streamed progress message, if it has one, once; a deleted message is let go."""
+        try:
+            await finish_progress_message(self.sessions, self.run_id, progress, messenger=self.messenger,
+                                          stream=self.progress_stream)
+        except Exception as error:
+            if not is_lasting_refusal(error):
+                raise
+            logger.warning("final progress of run %s refused (%s)", self.run_id, reason_of(error))
 
     async def finish(self, progress: RunProgress) -> DeliveryOutcome:
         """The report (if the run has one), then the final status edit, each exactly once; never raises.
@@ -173,6 +266,8 @@ class RunDelivery:
         once both went out; a failure is counted and retried later by the sweep (see the module).
         """
         try:
+            await self.close_answer_stream()
+            await self._final_progress_message(progress)
             await self._report_or_notice(progress.attempt)
             await self._final_status(progress)
         except Exception as error:
@@ -299,7 +394,7 @@ class RunDelivery:
         if report is None:
             return
         delivery = self.renderer.report(report, requester=self.requester, run_id=self.run_id)
-        posted = [entry for entry in delivered if entry.get("kind") not in (UPLOADED_FILE, NOTICE)]
+        posted = [entry for entry in delivered if entry.get("kind") not in (UPLOADED_FILE, NOTICE, PROGRESS)]
         for index, content in enumerate(delivery.messages):
             if index < len(posted):
                 await self.messenger.edit(MessageRef.model_validate(posted[index]["ref"]), content)

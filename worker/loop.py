@@ -1,4 +1,4 @@
-"""One event loop per worker process, on its own thread, that every run of the process shares.
+"""An event loop on its own thread that every run of a worker process shares (and a second for their delivery).
 
 Research is I/O-bound: a run spends its time waiting for the LLM, the search APIs and the web.
 Fifty runs in fifty threads, each with its own loop, made fifty threads compete for the GIL;
@@ -8,12 +8,15 @@ one thread; the Celery threads only wait for their run's result. CPU-heavy work 
 the process pool, and blocking calls to the loop's thread pool.
 
 As `asyncio.run` would, each run's leftover tasks are cancelled when it ends, so a run that
-failed half-way cannot leave work running in the shared loop.
+failed half-way cannot leave work running in the shared loop. Status edits and reports go out from
+a second RunLoop (worker.service): on a loop busy with hundreds of runs, each step of an edit
+waited a whole turn behind their work.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextvars
 import itertools
 import logging
@@ -27,10 +30,6 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# The run (one call of `RunLoop.run`) that created the task, if any: its tasks inherit it.
-_current_job: contextvars.ContextVar[int | None] = contextvars.ContextVar("deepthread_job", default=None)
-
-
 class RunLoop:
     """A shared event loop on a daemon thread; `run(coroutine)` executes one job on it from any other thread."""
 
@@ -41,6 +40,9 @@ class RunLoop:
         self.loop.set_default_executor(ThreadPoolExecutor(max_workers=blocking_threads,
                                                           thread_name_prefix=f"{name}-blocking"))
         self._tasks_of_job: dict[int, weakref.WeakSet[asyncio.Task[Any]]] = {}
+        # The job (one call of `run`) that created a task, if any: its tasks inherit it. One variable per loop, since a
+        # coroutine handed from another RunLoop carries that loop's context, whose job numbers mean nothing here.
+        self._current_job: contextvars.ContextVar[int | None] = contextvars.ContextVar(f"{name}-job", default=None)
         self._jobs = itertools.count(1)
         self.loop.set_task_factory(self._task_factory)
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
@@ -51,7 +53,18 @@ class RunLoop:
         if threading.current_thread() is self._thread:
             coroutine.close()
             raise RuntimeError("RunLoop.run called from the loop's own thread")
+        if self.loop.is_closed():
+            coroutine.close()
+            raise RuntimeError("the loop has stopped")
         return asyncio.run_coroutine_threadsafe(self._job(coroutine), self.loop).result()
+
+    def call(self, coroutine: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Start `coroutine` on the loop from any thread, outside any job: tasks it starts outlive it (their owner stops them)."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+
+    async def bridged(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Await, from another event loop, `coroutine` run on this one (as `call`); cancelling the await cancels it."""
+        return await asyncio.wrap_future(self.call(coroutine))
 
     def stop(self) -> None:
         """Stop the loop after the jobs running now; their leftover tasks are cancelled."""
@@ -63,7 +76,7 @@ class RunLoop:
     async def _job(self, coroutine: Coroutine[Any, Any, T]) -> T:
         job = next(self._jobs)
         self._tasks_of_job[job] = weakref.WeakSet()
-        _current_job.set(job)  # this task runs in its own copy of the context: only its children see it
+        self._current_job.set(job)  # this task runs in its own copy of the context: only its children see it
         try:
             return await coroutine
         finally:
@@ -82,7 +95,8 @@ class RunLoop:
 
     def _task_factory(self, loop: asyncio.AbstractEventLoop, coroutine: Any, **kwargs: Any) -> asyncio.Task[Any]:
         task: asyncio.Task[Any] = asyncio.Task(coroutine, loop=loop, **kwargs)
-        job = kwargs["context"].get(_current_job) if kwargs.get("context") is not None else _current_job.get()
+        context = kwargs.get("context")
+        job = context.get(self._current_job) if context is not None else self._current_job.get()
         if job is not None and job in self._tasks_of_job:
             self._tasks_of_job[job].add(task)
         return task

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from chat.state import RunProgress
+from ops.metrics import StatusEdit, record_status_edit
 from storage.shared_limits import EditBucketRules
 
 logger = logging.getLogger(__name__)
@@ -87,8 +88,10 @@ class StatusEditor:
         final_wait: float = 60.0,
         clock: Clock = time.monotonic,
         sleep: Sleep = asyncio.sleep,
+        count_edit: Callable[[StatusEdit], None] = record_status_edit,
     ) -> None:
         self._send = send
+        self._count_edit = count_edit
         self._bucket = bucket
         self._workspace = workspace
         self._min_interval = min_interval
@@ -179,6 +182,7 @@ class StatusEditor:
             granted = False
         self._next_edit_at = self._clock() + self._min_interval
         if not granted:
+            self._count_edit(StatusEdit.SKIPPED)
             if self._pending is None:
                 self._pending = progress
             return
@@ -186,14 +190,21 @@ class StatusEditor:
             await self._send(progress)
         except Exception:
             # The next state (or the final one) repairs the message; the run must not fail for a status edit.
+            self._count_edit(StatusEdit.FAILED)
             logger.warning("status edit failed", exc_info=True)
             return
+        self._count_edit(StatusEdit.SENT)
         self._last_sent = progress
 
     async def _send_final(self, final_progress: RunProgress) -> None:
         await self._wait_for_final_token()
         self._next_edit_at = self._clock() + self._min_interval
-        await self._send(final_progress)
+        try:
+            await self._send(final_progress)
+        except Exception:
+            self._count_edit(StatusEdit.FAILED)
+            raise
+        self._count_edit(StatusEdit.SENT)
         self._last_sent = final_progress
 
     async def _wait_for_final_token(self) -> None:

@@ -10,7 +10,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import delete, func, insert, select
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from research import engine
 from research.budget import CancelToken, ResearchOptions
 from research.events import Error
+from research.llm import OnText
 from research.models import Passage as FoundPassage
 from research.models import SearchResult
 from research.report import Report, audit_line, render_markdown
@@ -27,7 +28,9 @@ from research.thread_context import Turn, fit_thread_context
 from storage.db import database_now
 from storage.models import Citation, Event, Message, Passage, Run, Source, utcnow
 from chat.state import RunProgress, apply_event, initial_progress
+from ops.metrics import Metrics, RunObserver
 from worker.leases import holds_attempt, renew_lease, take_lease, worker_identity
+from worker.log_context import describe_run, logged_as_run, set_run_phase
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +63,7 @@ class RunnerServices:
     lease_seconds: float = 30.0
     store_retry_delays: tuple[float, ...] = STORE_RETRY_DELAYS_SECONDS
     sleep: Sleep = asyncio.sleep
+    metrics: Metrics | None = None  # the process's Prometheus metrics (ops.metrics), fed by every run's events
 
 
 def options_for_run(base: ResearchOptions, stored: dict[str, Any]) -> ResearchOptions:
@@ -88,8 +92,10 @@ class RunRecorder:
     """
 
     def __init__(self, sessions: sessionmaker[Session], run: Run, on_state: OnState | None, *,
-                 write_delay: float = EVENT_WRITE_DELAY_SECONDS, sleep: Sleep = asyncio.sleep) -> None:
+                 write_delay: float = EVENT_WRITE_DELAY_SECONDS, sleep: Sleep = asyncio.sleep,
+                 observer: RunObserver | None = None) -> None:
         self.sessions = sessions
+        self.observer = observer
         self.run_id = run.id
         self.attempt = run.attempt
         self.on_state = on_state
@@ -104,11 +110,17 @@ class RunRecorder:
         self._writer: asyncio.Task[None] | None = None
 
     async def __call__(self, event: Any) -> None:
+        if self.observer is not None:
+            self.observer.saw(event)
         row = {"run_id": self.run_id, "seq": event.seq, "type": event.type, "phase": event.phase,
                "payload": event.model_dump(mode="json", exclude={"seq", "type", "phase", "at"}), "at": event.at}
         with self._unwritten_lock:
             self._unwritten.append(row)
+        if event.type == "phase_started":
+            set_run_phase(event.phase)
+            logger.info("phase %s started", event.phase)
         if event.type in TERMINAL_STATE_OF_EVENT:
+            logger.info("run %s ended: %s", self.run_id, event.type)
             self.terminal = event
             self.stop_batching()
             try:
@@ -192,11 +204,25 @@ def _stored_passages(session: Session, run: Run) -> tuple[list[FoundPassage], di
     return passages, sources
 
 
-def _start(sessions: sessionmaker[Session], run_id: int, owner: str, lease_seconds: float) -> tuple[Run, int] | None:
-    """Take the run's lease as a new attempt and clear an earlier attempt's findings.
+class StartedAttempt(NamedTuple):
+    """A run whose lease this worker has just taken as a new attempt, and the seq its first event gets."""
 
-    Returns the run and the next event seq, or None when the run has ended or another attempt
-    holds a live lease. Raises LookupError when the run does not exist.
+    run: Run
+    first_seq: int
+
+    def first_progress(self) -> RunProgress:
+        """What the run's status shows as the attempt starts, before any event."""
+        progress = initial_progress(run_id=self.run.id, mode=self.run.mode, question=self.run.question,
+                                    attempt=self.run.attempt, requested_by=self.run.requested_by, state="running",
+                                    started_at=self.run.started_at)
+        return progress.model_copy(update={"last_seq": self.first_seq - 1})
+
+
+def start_attempt(sessions: sessionmaker[Session], run_id: int, owner: str, lease_seconds: float) -> StartedAttempt | None:
+    """Take the run's lease as a new attempt and clear an earlier attempt's findings (blocking: call from a thread).
+
+    Returns None when the run has ended or another attempt holds a live lease. Raises LookupError
+    when the run does not exist.
     """
     attempt = take_lease(sessions, run_id, owner, lease_seconds)
     if attempt is None:
@@ -210,8 +236,9 @@ def _start(sessions: sessionmaker[Session], run_id: int, owner: str, lease_secon
                 session.execute(delete(model).where(model.run_id == run_id))
         last_seq = session.scalar(select(func.max(Event.seq)).where(Event.run_id == run_id)) or 0
         run = session.get(Run, run_id)
+        describe_run(conversation_id=run.conversation_id, platform=run.conversation.platform, workspace=run.workspace)
         session.expunge(run)
-    return run, last_seq + 1
+    return StartedAttempt(run, last_seq + 1)
 
 
 def _record_findings(session: Session, run: Run, state: engine.ResearchState) -> None:
@@ -309,23 +336,31 @@ async def _keep_lease(services: RunnerServices, run_id: int, attempt: int, owner
             return
 
 
+@logged_as_run
 async def execute(run_id: int, on_state: OnState | None, *, services: RunnerServices,
-                  cancel: CancelToken | None = None, owner: str | None = None) -> RunProgress | None:
+                  cancel: CancelToken | None = None, owner: str | None = None,
+                  started: StartedAttempt | None = None, on_text: OnText | None = None) -> RunProgress | None:
     """Run the stored run `run_id` to one of its final states and return its last progress.
 
-    Returns None without doing anything when the run has ended or another attempt holds it, and
-    None when the database stayed unavailable: the run is then left running with its lease lapsing,
-    so the reaper's next attempt does it again (a finished report is never marked failed and lost).
-    Raises LookupError when the run does not exist.
+    Given `started`, the caller has taken the lease (`start_attempt`) and shown the first state
+    itself; otherwise this takes it and shows it. Returns None without doing anything when the run
+    has ended or another attempt holds it, and None when the database stayed unavailable: the run
+    is then left running with its lease lapsing, so the reaper's next attempt does it again (a
+    finished report is never marked failed and lost). Raises LookupError when the run does not exist.
+    A chat or follow-up answer is streamed to `on_text` (the visible text so far) as the model writes it.
     """
     owner = owner or worker_identity()
-    # Off the loop: a write that waits for the database must not hold up the runs sharing it.
-    started = await asyncio.to_thread(_start, services.sessions, run_id, owner, services.lease_seconds)
+    first_state_shown = started is not None
     if started is None:
-        return None
-    run, first_seq = started
+        # Off the loop: a write that waits for the database must not hold up the runs sharing it.
+        started = await asyncio.to_thread(start_attempt, services.sessions, run_id, owner, services.lease_seconds)
+        if started is None:
+            return None
+    run = started.run
+    logger.info("run %s attempt %s started (%s)", run.id, run.attempt, run.mode)
     try:
-        return await _execute_started(run, first_seq, owner, on_state, services=services, cancel=cancel)
+        return await _execute_started(started, owner, None if first_state_shown else on_state, on_state,
+                                      services=services, cancel=cancel, on_text=on_text)
     except Exception as error:
         if is_transient_database_error(error):
             # Writing "failed" would fail too, and would be untrue: the next attempt can still finish the run.
@@ -347,13 +382,17 @@ def _mark_failed(sessions: sessionmaker[Session], run_id: int, attempt: int, rea
             run.lease_owner, run.lease_until = None, None
 
 
-async def _execute_started(run: Run, first_seq: int, owner: str, on_state: OnState | None, *,
-                           services: RunnerServices, cancel: CancelToken | None) -> RunProgress | None:
-    recorder = RunRecorder(services.sessions, run, on_state)
-    recorder.progress = recorder.progress.model_copy(update={"last_seq": first_seq - 1})
-    if on_state is not None:
+async def _execute_started(started: StartedAttempt, owner: str, show_first: OnState | None, on_state: OnState | None, *,
+                           services: RunnerServices, cancel: CancelToken | None,
+                           on_text: OnText | None = None) -> RunProgress | None:
+    run, first_seq = started
+    observer = services.metrics.run_started(mode=run.mode, created_at=run.created_at, started_at=run.started_at,
+                                            first_attempt=run.attempt == 1) if services.metrics is not None else None
+    recorder = RunRecorder(services.sessions, run, on_state, observer=observer)
+    recorder.progress = started.first_progress()
+    if show_first is not None:
         # The status message leaves "queued" as soon as a worker holds the run, before the engine starts.
-        await on_state(recorder.progress)
+        await show_first(recorder.progress)
     cancel = cancel or CancelToken()
     state = engine.ResearchState()
     options = options_for_run(services.options, run.options or {})
@@ -374,11 +413,11 @@ async def _execute_started(run: Run, first_seq: int, owner: str, on_state: OnSta
                            today=services.tools.today(), **common)
     elif run.mode == "chat":
         work = engine.chat(run.question, history=history, llm=services.tools.llm, today=services.tools.today(),
-                           options=options, **common)
+                           options=options, on_text=on_text, **common)
     else:
         work = engine.answer_from_passages(run.question, history=history, passages=passages, sources=sources,
                                            llm=services.tools.llm, today=services.tools.today(), options=options,
-                                           **common)
+                                           on_text=on_text, **common)
 
     hard_deadline = options.max_seconds + services.hard_deadline_grace_seconds
     timed_out = False
@@ -411,6 +450,8 @@ async def _execute_started(run: Run, first_seq: int, owner: str, on_state: OnSta
             error = getattr(terminal, "message", None) if final_state == "failed" else None
             if final_state == "cancelled":
                 recorder.progress = recorder.progress.model_copy(update={"cancelled_by": cancelled_by})
+        if report is not None and report.model is None:
+            report.model = services.tools.llm.config.model  # named in the report's "Written by AI" line
         # What the bot said joins the thread's history, so follow-ups and revisions have it as context.
         reply_text = report.body_markdown[:MAX_HISTORY_REPLY_CHARS] if report is not None else None
         stored = await _store_outcome(services, recorder, functools.partial(
@@ -420,6 +461,8 @@ async def _execute_started(run: Run, first_seq: int, owner: str, on_state: OnSta
         lease_keeper.cancel()
     if not stored:
         return None
+    if observer is not None:
+        observer.finished(final_state, pages=state.fetches.values())
     final = {"state": final_state, "finished_at": utcnow()}
     if report is not None and report.audit.sentences_total:
         final["audit_line"] = audit_line(report)

@@ -14,9 +14,12 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 
 from chat.platform import Outbound, OutboundPlatform
+from chat.state import RunProgress
 from config import Settings
+from ops.metrics import process_metrics
 from research.budget import CancelToken
 from research.cpu import cpu_pool
+from storage.answer_drafts import AnswerDraftWriter
 from storage.db import make_engine, make_session_factory, normalise_url, pool_options
 from storage.redis import connect, resolve_redis_url
 from storage.shared_limits import (
@@ -31,15 +34,18 @@ from storage.shared_limits import (
 from worker.cancels import CancelWatcher, redis_flags, row_flags
 from worker.delivery import DeliveryRetry, DeliveryTarget, RunDelivery, show_queue_positions, sweep_undelivered
 from worker.leases import fail_unstartable, reap, worker_identity
+from worker.log_context import logged_as_run, set_run_phase
 from worker.loop import RunLoop
 from worker.queue import Limits, Queue, SendTask
-from worker.runner import RunnerServices, execute
+from worker.runner import RunnerServices, StartedAttempt, execute, start_attempt
 from worker.toolkit import build_research_tools, research_options, search_config
 
 logger = logging.getLogger(__name__)
 
 # Threads for the runs' blocking calls (database checks, name lookups), beyond one per run in flight.
 BLOCKING_THREADS_BEYOND_CONCURRENCY = 4
+# Threads for the delivery loop's database reads and writes (ownership checks, recorded messages).
+DELIVERY_BLOCKING_THREADS = 16
 
 def worker_engine(settings: Settings) -> Engine:
     """The worker process's database engine, with a pooled connection for every run in flight."""
@@ -82,31 +88,60 @@ class WorkerRuntime:
         # Its own client: with Redis down it reads the run rows within a second, not after retries.
         self.cancels = CancelWatcher(redis_flags(connect(self.redis_url, fail_fast=True)), row_flags(self.sessions))
         self.loop = RunLoop(blocking_threads=settings.worker_concurrency + BLOCKING_THREADS_BEYOND_CONCURRENCY)
-        # Its connections live on the shared loop; a burst of runs waits for one rather than failing.
+        # Status edits and reports go out from a loop of their own: on the runs' loop, busy with a burst of
+        # runs, each step of an edit waited a whole turn behind every other run's work.
+        self.delivery_loop = RunLoop(blocking_threads=DELIVERY_BLOCKING_THREADS, name="deepthread-delivery")
+        # Each client's connections live on its own loop; a burst of runs waits for one rather than failing.
         self.aredis = connect_async(self.redis_url, max_connections=connections_for(settings.worker_concurrency))
-        self.edit_bucket = EditBucket(self.aredis, capacity=settings.status_edits_per_minute)
+        self.delivery_redis = connect_async(self.redis_url, max_connections=connections_for(settings.worker_concurrency))
+        self.edit_bucket = EditBucket(self.delivery_redis, capacity=settings.status_edits_per_minute)
         self._stopping = threading.Event()
         self._reaper: threading.Thread | None = None
 
+    @logged_as_run
     def run(self, run_id: int) -> None:
-        """Execute run `run_id` (if nobody else holds it), deliver it, then admit what waits."""
+        """Execute run `run_id` (if nobody else holds it), deliver it, then admit what waits; call from a worker thread."""
         try:
-            self.loop.run(self._run(run_id))
+            self._start_and_run(run_id)
         finally:
             try:
                 admitted = self.queue.admit()
                 if admitted:  # only the queues these runs left have moved
-                    self.loop.run(self.refresh_waiting(admitted))
+                    self.delivery_loop.run(self.refresh_waiting(admitted))
             except Exception:  # admission is retried by the reaper; never fail the task for it
                 logger.warning("admission after run %s failed", run_id, exc_info=True)
 
-    async def _run(self, run_id: int) -> None:
+    def _start_and_run(self, run_id: int) -> None:
+        """The lease and the first status edit from this thread, the run on the runs' loop, delivery on its own."""
         try:
-            delivery = await asyncio.to_thread(self._delivery, run_id)
+            delivery = self._delivery(run_id)
         except (LookupError, ValueError) as error:
             # This worker can never run it (no Slack token, say): end it with the reason instead of retrying forever.
-            await asyncio.to_thread(fail_unstartable, self.sessions, run_id, f"The worker cannot start this run: {error}")
+            fail_unstartable(self.sessions, run_id, f"The worker cannot start this run: {error}")
             return
+        owner = worker_identity()
+        started = start_attempt(self.sessions, run_id, owner, self.settings.worker_lease_seconds)
+        if started is None:
+            return
+        if delivery is None:
+            self.loop.run(self._execute(started, owner, None))
+            return
+        finished = False
+        try:
+            # The status message leaves "queued" as soon as this worker holds the run, before the engine starts.
+            self.delivery_loop.call(delivery.on_state(started.first_progress())).result()
+            final = self.loop.run(self._execute(started, owner, delivery))
+            if final is not None:
+                set_run_phase("deliver")
+                self.delivery_loop.call(delivery.finish(final)).result()
+                finished = True
+        finally:
+            if not finished:  # a stale attempt, or one that broke: its editor stops without a final edit
+                self.delivery_loop.call(delivery.editor.stop()).result()
+                self.delivery_loop.call(delivery.close_answer_stream()).result()
+                self.delivery_loop.call(delivery.stop_progress_stream()).result()
+
+    async def _execute(self, started: StartedAttempt, owner: str, delivery: RunDelivery | None) -> RunProgress | None:
         settings = self.settings
         search = search_config(settings)
         llm_http = httpx.AsyncClient(verify=self.ssl_context, timeout=httpx.Timeout(60.0))
@@ -120,18 +155,31 @@ class WorkerRuntime:
         )
         tools.fetch_ssl_context = self.ssl_context
         cancel = CancelToken()
+        run_id = started.run.id
+
+        async def on_state(progress: RunProgress) -> None:
+            await self.delivery_loop.bridged(delivery.on_state(progress))
+
+        # A platform with nothing delivered (the terminal) follows the answer's draft in Redis instead.
+        answer_draft = AnswerDraftWriter(self.aredis, run_id) if delivery is None else None
+        answer_stream = delivery.stream_answer(started.run.attempt, self.delivery_loop.loop) if delivery else answer_draft
+
+        async def on_text(visible_text: str) -> None:
+            answer_stream.show(visible_text)  # handed over without waiting: the model is not slowed by the platform
+
         try:
             services = RunnerServices(sessions=self.sessions, tools=tools, options=research_options(settings),
                                       hard_deadline_grace_seconds=settings.worker_deadline_grace_seconds,
-                                      lease_seconds=settings.worker_lease_seconds)
+                                      lease_seconds=settings.worker_lease_seconds, metrics=process_metrics())
             with self.cancels.watching(run_id, cancel):
-                final = await execute(run_id, delivery.on_state if delivery else None, services=services,
-                                      cancel=cancel, owner=worker_identity())
-            if final is not None and delivery is not None:
-                if final.state == "cancelled" and final.cancelled_by is None:
-                    final = final.model_copy(update={"cancelled_by": cancel.cancelled_by})
-                await delivery.finish(final)
+                final = await execute(run_id, on_state if delivery else None, services=services, cancel=cancel,
+                                      owner=owner, started=started, on_text=on_text if answer_stream else None)
+            if final is not None and final.state == "cancelled" and final.cancelled_by is None:
+                final = final.model_copy(update={"cancelled_by": cancel.cancelled_by})
+            return final
         finally:
+            if answer_draft is not None:
+                await answer_draft.close()
             await llm_http.aclose()  # ours, not the LLM client's, so its aclose() leaves it open
             await tools.search_http.aclose()
 
@@ -180,10 +228,12 @@ class WorkerRuntime:
                 try:
                     reap(self.sessions, self.send_task)
                     self.queue.admit()
-                    self.loop.run(sweep_undelivered(self.sessions, platforms=self._delivering_platforms(),
+                    self.delivery_loop.run(sweep_undelivered(self.sessions, platforms=self._delivering_platforms(),
                                                     lease_seconds=self.settings.worker_lease_seconds,
                                                     delivery_for=self._delivery))
                 except Exception:
+                    if self._stopping.is_set():  # the loops closed under a pass that had started
+                        return
                     logger.warning("reaper pass failed", exc_info=True)
 
         self._reaper = threading.Thread(target=loop, name="deepthread-reaper", daemon=True)
@@ -207,6 +257,8 @@ class WorkerRuntime:
         self.cancels.stop()
         try:
             self.loop.run(self.aredis.aclose())
+            self.delivery_loop.run(self.delivery_redis.aclose())
         finally:
             self.loop.stop()
+            self.delivery_loop.stop()
         self.cpu_pool.shutdown(wait=False, cancel_futures=True)

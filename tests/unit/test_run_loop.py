@@ -119,3 +119,48 @@ def test_running_on_the_loops_own_thread_is_refused(run_loop: RunLoop) -> None:
 
     with pytest.raises(RuntimeError, match="own thread"):
         run_loop.run(nested())
+
+
+def test_work_handed_to_another_loop_outlives_the_jobs_there_that_share_its_number(run_loop: RunLoop) -> None:
+    # The worker's runs hand status edits to the delivery loop: an editor task started there from run 1
+    # must not be taken for a leftover of the delivery loop's own job 1 and cancelled when that job ends.
+    delivery = RunLoop(blocking_threads=2, name="test-delivery")
+    try:
+        release_job = threading.Event()
+        job_started = threading.Event()
+        editor: dict[str, asyncio.Task[None]] = {}
+
+        async def delivery_job() -> None:
+            job_started.set()
+            await asyncio.to_thread(release_job.wait, 30)
+
+        async def start_editor() -> None:
+            editor["task"] = asyncio.create_task(asyncio.sleep(3600))
+
+        async def a_run() -> None:
+            await delivery.bridged(start_editor())
+
+        other = threading.Thread(target=lambda: delivery.run(delivery_job()))
+        other.start()
+        assert job_started.wait(30)
+        run_loop.run(a_run())
+        release_job.set()
+        other.join(30)
+        assert not editor["task"].done()
+        delivery.call(stop_task(editor["task"])).result(30)
+    finally:
+        delivery.stop()
+
+
+def test_a_stopped_loop_refuses_new_runs_without_leaving_them_unawaited() -> None:
+    loop = RunLoop(blocking_threads=1)
+    loop.stop()
+    coroutine = asyncio.sleep(0)
+    with pytest.raises(RuntimeError, match="stopped"):
+        loop.run(coroutine)
+    assert coroutine.cr_frame is None  # closed, so no "never awaited" warning
+
+
+async def stop_task(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
