@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
-import json
-import logging
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import httpx
 import typer
 
-from config import Settings, SettingsError, load_settings
+from bot.logs import JsonLogFormatter, configure_logging  # noqa: F401  # re-exported
 
+# Only typer (and bot.logs, standard library only) at the top: `--help` must not load settings, httpx or any SDK
+# (tests/unit/test_startup.py).
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session, sessionmaker
 
     from bot.conversation.core import ConversationCore
     from bot.platform import PlatformBundle
+    from config import Settings
 
 app = typer.Typer(
     help="deepthread: a research bot for Slack and Discord that cites every claim.",
@@ -25,30 +25,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-
-
-class JsonLogFormatter(logging.Formatter):
-    """One JSON object a line (LOG_FORMAT=json), for machines."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {"time": self.formatTime(record), "level": record.levelname, "logger": record.name,
-                 "message": record.getMessage()}
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, ensure_ascii=False)
-
-
-def configure_logging(settings: Settings, *, path: Path | None = None) -> None:
-    """Root logging at LOG_LEVEL, as console lines or JSON (LOG_FORMAT), on stderr or appended to `path`."""
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(path, encoding="utf-8") if path is not None else logging.StreamHandler()
-    handler.setFormatter(JsonLogFormatter() if settings.log_format == "json"
-                         else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=settings.log_level, handlers=[handler], force=True)
-    # httpx logs every request's URL at INFO, and a search URL carries the user's question.
-    for chatty in ("httpx", "httpcore"):
-        logging.getLogger(chatty).setLevel(max(logging.WARNING, logging.getLevelName(settings.log_level)))
 
 
 def platform_bundles() -> list[PlatformBundle]:
@@ -78,6 +54,8 @@ def platform_core(bundle: PlatformBundle, settings: Settings,
 
 def settings_or_exit() -> Settings:
     """The settings, or exit 2 with the one-line reason naming the bad variable."""
+    from config import SettingsError, load_settings
+
     try:
         return load_settings()
     except SettingsError as error:
@@ -98,6 +76,8 @@ def migrate(revision: str = typer.Argument("head", help="Alembic revision to upg
 @app.command()
 def doctor() -> None:
     """Check every component: configured or not, reachable, what is missing (secrets masked)."""
+    import httpx
+
     from bot.doctor import format_checks, run_checks
 
     settings = settings_or_exit()
@@ -138,25 +118,25 @@ def _request(mode: str, question: str, *, since: str | None = None, sites: list[
 
 def _run_in_terminal(mode: str, question: str, options: dict, output_format: str, out: str | None) -> None:
     """Create a run, execute it here with a live display, then print or save its report."""
+    settings = settings_or_exit()
+    question = question.strip()
+    if not question:
+        typer.echo("Usage: deepthread research \"your question\"", err=True)
+        raise typer.Exit(code=2)
+    # The engine, the LLM SDK and storage load only once the settings and the question are known to be good.
     import asyncio
     import signal
 
     from rich.console import Console
     from rich.live import Live
 
+    from bot.console.bundle import TERMINAL, TERMINAL_USER
     from chat.console.render import render_progress
     from research.budget import CancelToken
-    from bot.console.bundle import TERMINAL, TERMINAL_USER
+    from research.cpu import cpu_pool
     from worker.headless import create_run, export_run
     from worker.runner import RunnerServices, execute
     from worker.toolkit import build_research_tools, research_options
-
-    settings = settings_or_exit()
-    question = question.strip()
-    if not question:
-        typer.echo("Usage: deepthread research \"your question\"", err=True)
-        raise typer.Exit(code=2)
-    from research.cpu import cpu_pool
 
     try:
         tools = build_research_tools(settings, cpu_pool=cpu_pool(
@@ -256,7 +236,7 @@ def plan_command(question: str = typer.Argument(..., help="The question to plan 
 
 @app.command()
 def runs(limit: int = typer.Option(20, "--limit", help="How many of the latest runs to list.", metavar="N")) -> None:
-    """List recent runs: id, state, mode, when, and the question."""
+    """List recent runs: id, state, mode, when, 👍/👎 feedback counts, and the question."""
     from worker.headless import RUNS_HEADER, recent_runs
 
     settings = settings_or_exit()
@@ -286,6 +266,38 @@ def export(
         typer.echo(f"Run {run_id} has no report.", err=True)
         raise typer.Exit(code=1)
     _write_report(text, output_format, out)
+
+
+@app.command()
+def prune(
+    older_than: str = typer.Option(..., "--older-than", help="Age of the runs to delete: 90d, 12h, 2w, 30m.",
+                                   metavar="AGE"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Only count what would be deleted."),
+) -> None:
+    """Delete finished runs older than AGE with everything they gathered, and threads left with no run."""
+    import datetime as dt
+
+    from storage.retention import count_prunable, parse_age
+    from storage.retention import prune as prune_runs
+
+    try:
+        age = parse_age(older_than)
+    except ValueError as error:
+        typer.echo(f"--older-than: {error}.", err=True)
+        raise typer.Exit(code=2) from None
+    settings = settings_or_exit()
+    sessions = _database(settings)
+    cutoff = dt.datetime.now(dt.timezone.utc) - age
+    counts = count_prunable(sessions, cutoff) if dry_run else prune_runs(sessions, cutoff)
+
+    def amount(count: int, noun: str) -> str:
+        return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+    typer.echo(f"{'Would delete' if dry_run else 'Deleted'} {amount(counts.runs, 'run')} created before "
+               f"{cutoff:%Y-%m-%d %H:%M} UTC, with {amount(counts.sources, 'source')}, "
+               f"{amount(counts.passages, 'passage')}, {amount(counts.citations, 'citation')} and "
+               f"{amount(counts.events, 'event')}; {amount(counts.conversations, 'conversation')} left with no run, "
+               f"with {amount(counts.messages, 'message')}.")
 
 
 def _require_llm(settings: Settings) -> None:
@@ -415,6 +427,8 @@ def discord_command(
 ) -> None:
     """Run the Discord bot: slash commands (synced to DISCORD_GUILD_IDS at start), threads, follow-ups, reactions."""
     import asyncio
+
+    import httpx
 
     from bot.discord.app import DiscordBot, discover
     from bot.discord.bundle import BUNDLE, TOKEN_SETTING, http

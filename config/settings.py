@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 from pydantic import AfterValidator, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-PROVIDER_NAMES = ("tavily", "brave", "exa", "searxng", "duckduckgo")
+PROVIDER_NAMES = ("tavily", "brave", "exa", "searxng", "firecrawl", "duckduckgo")
 MIB = 1024 * 1024
 
 
@@ -66,9 +66,16 @@ class Settings(BaseSettings):
     exa_api_key: SecretStr | None = None
     exa_base_url: HttpUrl = "https://api.exa.ai"
     searxng_url: OptionalHttpUrl = None
+    # Firecrawl: a search provider, and the scrape fallback for pages the safe fetcher cannot read (bot walls, JS shells).
+    firecrawl_api_key: SecretStr | None = None
+    firecrawl_base_url: HttpUrl = "https://api.firecrawl.dev"
+    # Firecrawl calls in flight per worker process (its plans limit concurrency; more only earns 429s and empty pages).
+    firecrawl_max_concurrency: int = Field(default=2, gt=0)
 
     fetch_allow_private_hosts: CommaList = Field(default_factory=list)
     fetch_resolve: CommaList = Field(default_factory=list)
+    # Requests in flight per host (what browsers open); a robots.txt crawl delay or a 429 lowers it for that host.
+    fetch_max_per_host: int = Field(default=6, gt=0)
 
     research_max_seconds: int = Field(default=300, gt=0)
     research_max_rounds: int = Field(default=3, gt=0)
@@ -86,6 +93,8 @@ class Settings(BaseSettings):
     research_preferred_domains: CommaList = Field(default_factory=list)
 
     worker_concurrency: int = Field(default=8, gt=0)
+    # Each worker process's /healthz and /metrics (0: none); workers sharing a host need a port each.
+    worker_http_port: int = Field(default=9450, ge=0, le=65535)
     # One page's extraction in the CPU pool: its process is killed past this time or address-space limit.
     extract_timeout_seconds: float = Field(default=20, gt=0)
     extract_memory_limit_mb: int = Field(default=1024, ge=256)
@@ -99,16 +108,27 @@ class Settings(BaseSettings):
     max_runs_per_user: int = Field(default=1, gt=0)
     max_runs_per_workspace: int = Field(default=10, gt=0)
     max_queued_per_user: int = Field(default=3, gt=0)
+    # Daily quotas (UTC day, counted in SQL): runs a person may start, LLM cost in USD a workspace may spend; 0 is off.
+    daily_runs_per_user: int = Field(default=0, ge=0)
+    daily_cost_per_workspace: float = Field(default=0.0, ge=0)
     admin_user_ids: CommaList = Field(default_factory=list)
 
     slack_bot_token: SecretStr | None = None
     slack_app_token: SecretStr | None = None
     slack_signing_secret: SecretStr | None = None
     slack_api_url: HttpUrl = "https://slack.com/api/"
+    # Research progress: streamed task chunks, the edited status message, or auto (stream where the workspace can).
+    slack_progress: Literal["auto", "stream", "edit"] = "auto"
+    # OAuth installs (many workspaces, HTTP mode): the app's credentials, and where Slack asks people to approve.
+    slack_client_id: str | None = None
+    slack_client_secret: SecretStr | None = None
+    slack_authorize_url: HttpUrl = "https://slack.com/oauth/v2/authorize"
     discord_bot_token: SecretStr | None = None
     discord_application_id: str | None = None
     discord_api_url: HttpUrl = "https://discord.com/api/v10"
     discord_guild_ids: CommaList = Field(default_factory=list)
+    # The Discord bot's /healthz and /metrics (0: none).
+    discord_http_port: int = Field(default=9451, ge=0, le=65535)
 
     cancel_emoji: CommaList = Field(default_factory=lambda: ["x", "octagonal_sign", "❌", "🛑"])
     log_level: str = "INFO"
@@ -122,6 +142,11 @@ class Settings(BaseSettings):
     @classmethod
     def _split_commas(cls, value: Any) -> list[str]:
         return _comma_list(value)
+
+    @field_validator("daily_runs_per_user", "daily_cost_per_workspace", mode="before")
+    @classmethod
+    def _blank_quota_is_off(cls, value: Any) -> Any:
+        return 0 if value is None or (isinstance(value, str) and not value.strip()) else value
 
     @field_validator("search_providers")
     @classmethod

@@ -20,7 +20,9 @@ HELP = (
     "• `/ask <question>` — a quick answer with no web search\n"
     "• Mention me or DM me: a quick answer, or start with `research:` or `plan:`\n"
     "• In a thread I answered: ask follow-ups (answered from the sources I read), say **dig deeper** for more "
-    "research, or **cancel** (or react ❌) to stop a run and keep what was found."
+    "research, or **cancel** (or react ❌) to stop a run and keep what was found.\n"
+    "• In a report's thread: **export md**, **export html** or **export json** attaches the report as a file\n"
+    "• `/research history` — your recent runs and this channel's, shown only to you"
 )
 
 _OPTION = re.compile(r"(?<!\S)--([A-Za-z][\w-]*)(?:=(\S+))?")
@@ -34,6 +36,9 @@ _DIG_DEEPER = re.compile(r"^\s*(?:dig deeper|go deeper|research (?:more|further|
 _RETRY = re.compile(r"^\s*(?:retry|try again)\s*[.!]*\s*$", re.IGNORECASE)
 _CONTINUE = re.compile(r"^\s*(?:continue|keep going|carry on)\s*[.!]*\s*$", re.IGNORECASE)
 _HELP = re.compile(r"^\s*(?:help|\?)\s*$", re.IGNORECASE)
+_HISTORY = re.compile(r"^\s*history\s*[.!?]*\s*$", re.IGNORECASE)
+_EXPORT = re.compile(r"^\s*export(?:\s+(?:as\s+)?(md|markdown|html|json))?\s*[.!]*\s*$", re.IGNORECASE)
+ExportFormat = Literal["md", "html", "json"]
 
 
 class UsageProblem(Exception):
@@ -50,6 +55,19 @@ class Request(BaseModel):
 
 def is_help(text: str) -> bool:
     return bool(_HELP.match(text))
+
+
+def is_history(text: str) -> bool:
+    return bool(_HISTORY.match(text))
+
+
+def export_format(text: str) -> ExportFormat | None:
+    """`export html` → "html" (`export` alone, or `export markdown`: "md"); None when the text asks for no export."""
+    match = _EXPORT.match(text)
+    if not match:
+        return None
+    word = (match.group(1) or "md").lower()
+    return "md" if word == "markdown" else word  # type: ignore[return-value]
 
 
 def is_approval(text: str) -> bool:

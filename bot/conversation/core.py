@@ -9,21 +9,29 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from bot.conversation import commands
-from bot.conversation.commands import Mode, Request, UsageProblem
+from bot.conversation.commands import ExportFormat, Mode, Request, UsageProblem
 from bot.conversation.events import ChatEvent, Outcome, Reply
+from bot.conversation.feedback import record_feedback
+from bot.conversation.history import PRIVATE, run_history
+from bot.conversation.quotas import quota_refusal_text
+from bot.conversation.root_message import in_flight_run_started_by
+from bot.conversation.suggestions import PastQuestion, latest_question, suggested_prompts
+from chat.history import RunHistory
 from chat.message import FileUpload, MessageRef, Messenger, Place
 from chat.render import PERSON, PlatformRenderer
 from chat.state import initial_progress
-from research.report import Report, render_markdown
+from research.report import Report, render_html, render_json, render_markdown
 from storage.models import TERMINAL_STATES, Conversation, Message, Run
+from storage.quotas import DailyQuotas, quota_reached
 from worker.queue import Queue, waiting
 
 logger = logging.getLogger(__name__)
@@ -36,16 +44,19 @@ COMMAND_MODES: dict[str, Mode] = {"research": "research", "plan": "plan", "ask":
 
 @dataclass(frozen=True)
 class CoreSettings:
-    """The settings the core reads: who may cancel any run, which reactions cancel, how many runs may wait."""
+    """The settings the core reads: who may cancel any run, which reactions cancel, queue cap and daily quotas."""
 
     admins: frozenset[str] = frozenset()
     cancel_emoji: frozenset[str] = frozenset({"x", "octagonal_sign", "❌", "🛑"})
     max_queued_per_user: int = 3
+    daily_quotas: DailyQuotas = DailyQuotas()
 
     @classmethod
     def from_settings(cls, settings: Any) -> "CoreSettings":
         return cls(admins=frozenset(settings.admin_user_ids), cancel_emoji=frozenset(settings.cancel_emoji),
-                   max_queued_per_user=settings.max_queued_per_user)
+                   max_queued_per_user=settings.max_queued_per_user,
+                   daily_quotas=DailyQuotas(runs_per_user=settings.daily_runs_per_user,
+                                            cost_per_workspace=settings.daily_cost_per_workspace))
 
 
 def busy_reply(run: Run) -> Reply:
@@ -82,12 +93,14 @@ class ConversationCore:
     """Decides what each event means and carries it out through the database, the queue and the messenger."""
 
     def __init__(self, *, sessions: sessionmaker[Session], queue: Queue, messenger: Messenger,
-                 renderer: PlatformRenderer, settings: CoreSettings) -> None:
+                 renderer: PlatformRenderer, settings: CoreSettings,
+                 clock: Callable[[], dt.datetime] | None = None) -> None:
         self.sessions = sessions
         self.queue = queue
         self.messenger = messenger
         self.renderer = renderer
         self.settings = settings
+        self.clock = clock or _now  # the daily quotas' day and reset time
 
     async def handle(self, event: ChatEvent) -> Outcome:
         """What `event` means, done; replies for the adapter to deliver are in the outcome."""
@@ -97,6 +110,8 @@ class ConversationCore:
             return await self._reaction(event)
         if event.kind == "action":
             return await self._action(event)
+        if event.kind == "opened":
+            return await self._opened(event)
         text = event.text.strip()
         if event.thread is not None:
             view = await asyncio.to_thread(self._thread, event.platform, event.workspace, event.channel, event.thread)
@@ -106,6 +121,8 @@ class ConversationCore:
                 return Outcome()  # a reply in someone else's thread, not addressed to us
         if commands.is_help(text):
             return Outcome(replies=[Reply(text=commands.HELP, private=True)])
+        if commands.is_history(text):
+            return await self._history(event)
         return await self._new_request(event, text, default_mode="chat")
 
     # -- requests ----------------------------------------------------------------------------------
@@ -113,6 +130,8 @@ class ConversationCore:
     async def _command(self, event: ChatEvent) -> Outcome:
         if commands.is_help(event.text):
             return Outcome(replies=[Reply(text=commands.HELP, private=True)])
+        if commands.is_history(event.text):
+            return await self._history(event)
         return await self._new_request(event, event.text, default_mode=COMMAND_MODES[event.command or "research"])
 
     async def _new_request(self, event: ChatEvent, text: str, *, default_mode: Mode) -> Outcome:
@@ -123,7 +142,7 @@ class ConversationCore:
         if event.kind == "command" and event.thread is None:
             # A command in a channel opens a thread of its own, with the run's status message in place at once;
             # the queue cap is checked first, so a refused run leaves nothing posted.
-            if (refusal := await asyncio.to_thread(self._queue_full, event.user)) is not None:
+            if (refusal := await asyncio.to_thread(self._refusal, event)) is not None:
                 return Outcome(replies=[refusal])
             waiting = initial_progress(run_id=0, mode=request.mode, question=request.question, requested_by=event.user)
             opened = await self.messenger.open_thread(
@@ -136,7 +155,23 @@ class ConversationCore:
         if view is not None and view.active is not None:
             return Outcome(replies=[busy_reply(view.active)], thread=thread)
         history = [(item.user, item.text, item.is_bot) for item in event.thread_history] if view is None else []
-        return await self._start(event, thread, request, history=history)
+        started = await self._start(event, thread, request, history=history)
+        if view is None and started.run_id is not None:
+            # The question that opens a conversation names it (Slack titles assistant threads with it).
+            return started.model_copy(update={"title": request.question})
+        return started
+
+    async def _opened(self, event: ChatEvent) -> Outcome:
+        """Suggestions for a conversation the person just opened: one per mode, and their last question."""
+        last = await asyncio.to_thread(self._latest_question, event)
+        return Outcome(suggestions=suggested_prompts(last))
+
+    def _latest_question(self, event: ChatEvent) -> PastQuestion | None:
+        with self.sessions() as session:
+            last = latest_question(session, platform=event.platform, workspace=event.workspace, user=event.user)
+        if last is None:
+            return None
+        return last.model_copy(update={"question": last.question.split(REVISION_MARKER, 1)[0]})
 
     def _label(self, mode: Mode) -> str:
         return {"research": "Research", "plan": "Research plan", "chat": "Question"}[mode]
@@ -145,7 +180,7 @@ class ConversationCore:
                      history: list[tuple[str, str, bool]] | None = None, extra_options: dict[str, Any] | None = None,
                      mode: str | None = None, status: MessageRef | None = None) -> Outcome:
         """Store the run, post its status message in the thread (unless the thread opened with it), then submit it."""
-        if status is None and (refusal := await asyncio.to_thread(self._queue_full, event.user)) is not None:
+        if status is None and (refusal := await asyncio.to_thread(self._refusal, event)) is not None:
             return Outcome(replies=[refusal], thread=thread)
         run_mode = mode or request.mode
         try:
@@ -173,6 +208,11 @@ class ConversationCore:
     def _store_run(self, event: ChatEvent, thread: str, request: Request, mode: str, plan: dict[str, Any] | None,
                    history: list[tuple[str, str, bool]], options: dict[str, Any]) -> int:
         with self.sessions.begin() as session:
+            if event.channel_visibility == PRIVATE:
+                # A channel made private since its first runs: none of them may be listed elsewhere any longer.
+                session.execute(update(Conversation).where(
+                    Conversation.platform == event.platform, Conversation.workspace == event.workspace,
+                    Conversation.channel == event.channel, Conversation.visibility != PRIVATE).values(visibility=PRIVATE))
             conversation = self._conversation(session, event, thread)
             for user, text, is_bot in history:
                 session.add(Message(conversation=conversation, role="assistant" if is_bot else "user", author=user, text=text))
@@ -190,6 +230,20 @@ class ConversationCore:
             stored.status_message = status.model_dump(mode="json")
             stored.status_message_id = status.message_id
         return self.queue.submit(run_id)
+
+    def _refusal(self, event: ChatEvent) -> Reply | None:
+        """Why a new run by the event's author is refused (queue cap, then daily quotas), else None."""
+        return self._queue_full(event.user) or self._quota_reached(event.user, event.workspace)
+
+    def _quota_reached(self, user: str, workspace: str) -> Reply | None:
+        """The refusal for a new run over DAILY_RUNS_PER_USER or DAILY_COST_PER_WORKSPACE, else None."""
+        quotas = self.settings.daily_quotas
+        if not quotas.enabled:
+            return None
+        now = self.clock()
+        with self.sessions() as session:
+            reached = quota_reached(session, quotas, user=user, workspace=workspace, now=now)
+        return None if reached is None else Reply(private=True, text=quota_refusal_text(reached, now))
 
     def _queue_full(self, user: str) -> Reply | None:
         """The refusal for a person who already has MAX_QUEUED_PER_USER runs waiting, else None."""
@@ -218,7 +272,8 @@ class ConversationCore:
         if found is not None:
             return found
         conversation = Conversation(platform=event.platform, workspace=event.workspace, channel=event.channel,
-                                    thread=thread, created_by=event.user)
+                                    thread=thread, created_by=event.user,
+                                    visibility=event.channel_visibility or PRIVATE)
         session.add(conversation)
         return conversation
 
@@ -243,6 +298,13 @@ class ConversationCore:
             return await self._cancel(event, view.active)
         if commands.is_help(text):
             return Outcome(replies=[Reply(text=commands.HELP, private=True)])
+        if commands.is_history(text):
+            return await self._history(event)
+        if (output_format := commands.export_format(text)) is not None:
+            reported = next((run for run in reversed(view.runs) if run.report_json is not None), None)
+            if reported is None:
+                return Outcome(replies=[Reply(text="There is no report in this thread to export yet.", private=True)])
+            return await self._export(event, reported, output_format)
         if view.active is not None:
             return Outcome(replies=[busy_reply(view.active)])
         last, report_run = view.last, view.last_report
@@ -336,6 +398,9 @@ class ConversationCore:
 
     async def _reaction(self, event: ChatEvent) -> Outcome:
         run = await asyncio.to_thread(self._run_by_status_message, event)
+        if run is None and event.reaction in self.settings.cancel_emoji:
+            # The channel-visible message that started a run (its thread's root, or the question) stops it too.
+            run = await asyncio.to_thread(in_flight_run_started_by, self.sessions, event)
         if run is None or event.reaction is None:
             return Outcome()
         if event.reaction in self.settings.cancel_emoji:
@@ -378,6 +443,8 @@ class ConversationCore:
             return Outcome(replies=[Reply(text="That button belongs to a run in another conversation.", private=True)])
         if event.action == "export":
             return await self._export(event, run)
+        if event.action in ("feedback", "feedback_comment"):
+            return await asyncio.to_thread(record_feedback, self.sessions, event, run, self.clock())
         if event.action == "cancel":
             return await self._cancel(event, run) if run.state in IN_FLIGHT else Outcome()
         view = await asyncio.to_thread(self._thread_of, run)
@@ -392,16 +459,32 @@ class ConversationCore:
                                      Request(mode="research", question=run.question, options=_carried_options(run)))
         return Outcome()
 
-    async def _export(self, event: ChatEvent, run: Run) -> Outcome:
+    async def _export(self, event: ChatEvent, run: Run, output_format: ExportFormat = "md") -> Outcome:
+        """Attach the run's report in its thread as a Markdown, HTML or JSON file."""
         if run.report_json is None:
             return Outcome(replies=[Reply(text="That run has no report to export.", private=True)])
         report = Report.model_validate(run.report_json)
+        report.run_id = run.id
         place = Place(platform=event.platform, workspace=event.workspace, channel=event.channel,
                       thread=await asyncio.to_thread(self._thread_id, run))
-        await self.messenger.upload(place, FileUpload(filename=f"deepthread-report-{run.id}.md",
-                                                      data=render_markdown(report).encode("utf-8"),
+        await self.messenger.upload(place, FileUpload(filename=f"deepthread-report-{run.id}.{output_format}",
+                                                      data=EXPORTERS[output_format](report).encode("utf-8"),
                                                       title=report.title[:200]))
         return Outcome()
+
+    async def _history(self, event: ChatEvent) -> Outcome:
+        """The caller's recent runs and the channel's, privately, leaving out runs of channels not visible here."""
+        history = await asyncio.to_thread(self._run_history, event)
+        content = self.renderer.history(history)
+        return Outcome(replies=[Reply(text=content.text, private=True, content=content)])
+
+    def _run_history(self, event: ChatEvent) -> RunHistory:
+        with self.sessions() as session:
+            return run_history(session, platform=event.platform, workspace=event.workspace, channel=event.channel,
+                               user=event.user)
+
+
+EXPORTERS: dict[ExportFormat, Callable[[Report], str]] = {"md": render_markdown, "html": render_html, "json": render_json}
 
 
 def _has_sources(run: Run) -> bool:

@@ -6,7 +6,11 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel, Field
 
-EventKind = Literal["command", "mention", "message", "direct", "reaction", "action"]
+from chat.message import Content
+
+# `opened`: a person opened a new conversation with the bot (Slack's assistant pane) and has asked nothing yet.
+EventKind = Literal["command", "mention", "message", "direct", "reaction", "action", "opened"]
+Visibility = Literal["public", "private"]
 
 
 class HistoryMessage(BaseModel):
@@ -35,20 +39,32 @@ class ChatEvent(BaseModel):
     message_id: str | None = None
     command: Literal["research", "plan", "ask"] | None = None
     reaction: str | None = None
-    action: Literal["retry", "continue", "export", "cancel", "approve"] | None = None
+    action: Literal["retry", "continue", "export", "cancel", "approve", "feedback", "feedback_comment"] | None = None
     action_run_id: int | None = None
+    # A feedback click's verdict; a `feedback_comment` carries what was wrong in `text`.
+    feedback: Literal["good", "bad"] | None = None
     event_id: str | None = None
     thread_history: list[HistoryMessage] = Field(default_factory=list)
+    # Who can see the channel, when the adapter knows (None: unknown, and a new conversation is stored as private).
+    channel_visibility: Visibility | None = None
 
 
 class Reply(BaseModel):
     """Something the adapter must say now: privately to the event's person (where the platform allows) or in the
     thread. `text` is platform-neutral (`**bold**`, `` `code` ``, `•` lists); `person`, a platform-qualified user id,
-    is mentioned where the text says `{person}` (chat.render.PERSON)."""
+    is mentioned where the text says `{person}` (chat.render.PERSON); `content`, when set, is said instead."""
 
     text: str
     private: bool = False
     person: str | None = None
+    content: Content | None = None  # already rendered for the platform (a history listing); `text` is its plain form
+
+
+class SuggestedPrompt(BaseModel):
+    """A message a person can send with one click: `title` is shown, `message` is what gets sent."""
+
+    title: str
+    message: str
 
 
 class Outcome(BaseModel):
@@ -58,6 +74,12 @@ class Outcome(BaseModel):
     run_id: int | None = None
     cancelled_run_id: int | None = None
     thread: str | None = None
+    # A 👎 was stored on this run: the adapter asks the person what was wrong (Slack: a modal) where it can.
+    ask_what_was_wrong: int | None = None
+    # What to offer a person who opened a conversation (an `opened` event), best first.
+    suggestions: list[SuggestedPrompt] = Field(default_factory=list)
+    # A name for the conversation this event opened with a run (its question), where the platform titles threads.
+    title: str | None = None
 
 
 class ConversationHandler(Protocol):
