@@ -20,8 +20,11 @@ def isolated_environment(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pyte
     """No test reads the developer's settings or `.env`."""
     import os
 
+    from config import Settings
+
+    every_setting = {name.upper() for name in Settings.model_fields}
     for name in list(os.environ):
-        if name.startswith(SETTINGS_PREFIXES):
+        if name.startswith(SETTINGS_PREFIXES) or name in every_setting:
             monkeypatch.delenv(name)
     monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
 

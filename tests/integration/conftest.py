@@ -1,4 +1,5 @@
-"""Integration fixtures: a real PostgreSQL and a real Redis on 127.0.0.1, started once per session."""
+"""Integration fixtures: a real PostgreSQL and a real Redis on 127.0.0.1, started once per session; a Redis that a test
+can stop; migrated databases on both engines; the fake Slack Web API."""
 
 from __future__ import annotations
 
@@ -6,7 +7,12 @@ import itertools
 from collections.abc import Iterator
 
 import pytest
+from sqlalchemy.orm import Session, sessionmaker
 
+from storage.db import make_engine, make_session_factory
+from storage.migrate import upgrade
+from tests.fakes.slack_api import FakeSlack
+from tests.integration.restartable_redis import RestartableRedis
 from tests.services import ServiceUnavailable, create_database, postgres_server, redis_server, unavailable
 
 _database_names = itertools.count(1)
@@ -34,3 +40,32 @@ def redis_url() -> Iterator[str]:
             yield url
     except ServiceUnavailable as error:
         unavailable(str(error))
+
+
+@pytest.fixture
+def outage_redis() -> Iterator[RestartableRedis]:
+    server = RestartableRedis()
+    try:
+        server.start()
+    except ServiceUnavailable as error:
+        unavailable(str(error))
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def sessions(request: pytest.FixtureRequest, tmp_path) -> Iterator[sessionmaker[Session]]:
+    """Sessions on a freshly migrated database: once on SQLite, once on the session's PostgreSQL."""
+    url = f"sqlite:///{tmp_path}/deepthread.db" if request.param == "sqlite" else request.getfixturevalue("postgres_url")
+    engine = make_engine(url)
+    upgrade(url, engine=engine)
+    yield make_session_factory(engine)
+    engine.dispose()
+
+
+@pytest.fixture
+def slack() -> Iterator[FakeSlack]:
+    with FakeSlack() as fake:
+        yield fake

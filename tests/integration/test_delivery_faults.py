@@ -54,12 +54,6 @@ REPORT_GREETING = "here is your report"
 CHANNEL = "C0RESEARCH"
 
 
-@pytest.fixture
-def slack() -> Iterator[FakeSlack]:
-    with FakeSlack() as fake:
-        yield fake
-
-
 class WallClock:
     """The time the delivery and the sweep read, moved only by the test."""
 

@@ -3,13 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
 import socket
-import subprocess
-import tempfile
 import threading
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,67 +14,13 @@ import redis.asyncio
 from storage.redis import broker_transport_options, connect
 from storage.shared_limits import connect_async
 from tests.fakes.corpus import QUESTION, Corpus
-from tests.fakes.server import free_port
 from tests.fakes.slack_api import FakeSlack
+from tests.integration.restartable_redis import RestartableRedis
 from tests.integration.workers import Cluster
-from tests.services import ServiceUnavailable, redis_server_binary, unavailable
 
 pytestmark = pytest.mark.integration
 
 ENDED = {"done", "failed", "cancelled", "timed_out"}
-
-
-class RestartableRedis:
-    """A redis-server on one loopback port that a test can stop and start again; it comes back empty."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self._workdir = tempfile.mkdtemp(prefix="deepthread-redis-outage-")
-        self._process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self._process = subprocess.Popen(
-            [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self._workdir],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                redis.Redis.from_url(self.url, socket_connect_timeout=0.5).ping()
-                return
-            except redis.ConnectionError:
-                if time.monotonic() > deadline or self._process.poll() is not None:
-                    raise RuntimeError("redis-server did not start") from None
-                time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self._process is not None and self._process.poll() is None:
-            self._process.kill()
-            self._process.wait(timeout=10)
-
-    def close(self) -> None:
-        self.stop()
-        shutil.rmtree(self._workdir, ignore_errors=True)
-
-
-@pytest.fixture
-def outage_redis() -> Iterator[RestartableRedis]:
-    server = RestartableRedis()
-    try:
-        server.start()
-    except ServiceUnavailable as error:
-        unavailable(str(error))
-    try:
-        yield server
-    finally:
-        server.close()
-
-
-@pytest.fixture
-def slack() -> Iterator[FakeSlack]:
-    with FakeSlack() as fake:
-        yield fake
 
 
 def slow_corpus() -> Corpus:

@@ -7,95 +7,25 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
-from sqlalchemy import select
 
-from chat.slack.messenger import build_slack_client
-from bot.slack.app import build_slack_app
-from bot.slack.dedupe import RedisEventDeduper
-from bot.cli import platform_core
-from bot.slack.bundle import BUNDLE as SLACK
-from bot.slack.server import build_http_app
-from storage.models import Run
 from tests.fakes.corpus import QUESTION, Corpus
 from tests.fakes.llm import ChatRequest, citing_synthesis, default_research_model
-from tests.fakes.server import LoopbackServer
-from tests.fakes.slack_api import FakeSlack
-from tests.fakes.slack_events import SlackEventSender, sign_slack_request
-from tests.integration.workers import Cluster
+from tests.fakes.slack_events import sign_slack_request
+from tests.integration.slack_harness import ASKER, CHANNEL, OTHER, SlackWorld, slack_world
+from tests.integration.slack_harness import quick_slack_world  # noqa: F401  (the `world` fixture)
 
 pytestmark = pytest.mark.integration
 
-CHANNEL = "C0RESEARCH"
-ASKER, OTHER = "U0ASKER01", "U0OTHER01"
 LINK = re.compile(r"<(https?://[^|>]+)\|[^>]*>|\]\((https?://[^)\s]+)\)")
 
 
 def links_in(text: str) -> set[str]:
     """URLs linked in Slack mrkdwn (`<url|text>`) or in a markdown block (`[text](url)`)."""
     return {mrkdwn or markdown for mrkdwn, markdown in LINK.findall(text)}
-
-
-@dataclass
-class SlackWorld:
-    cluster: Cluster
-    slack: FakeSlack
-    corpus: Corpus
-    sender: SlackEventSender
-
-    def runs(self) -> list[Run]:
-        with self.cluster.sessions() as session:
-            return list(session.scalars(select(Run).order_by(Run.id)))
-
-    def thread_messages(self, run: Run):
-        return self.slack.messages(CHANNEL, thread_ts=run.status_message["thread"])
-
-    def report_messages(self, run: Run, marker: str = "here is your report"):
-        return [message for message in self.thread_messages(run) if marker in message.visible_text]
-
-    def command(self, command: str, text: str, user: str = ASKER) -> httpx.Response:
-        return self.sender.send(self.sender.command(command, text, user=user, channel=CHANNEL))
-
-    def reply(self, run: Run, text: str, user: str = ASKER) -> httpx.Response:
-        return self.sender.send(self.sender.event(self.sender.message(
-            text, user=user, channel=CHANNEL, thread_ts=run.status_message["thread"])))
-
-    def react(self, run: Run, reaction: str, user: str) -> httpx.Response:
-        return self.sender.send(self.sender.event(self.sender.reaction_added(
-            reaction, user=user, channel=CHANNEL, message_ts=run.status_message["message_id"])))
-
-    def wait_for_runs(self, count: int, timeout: float = 20) -> list[Run]:
-        return self.cluster.wait_for(lambda: len(runs := self.runs()) >= count and runs, timeout, f"{count} runs")
-
-
-def slack_world(tmp_path: Path, redis_url: str, corpus: Corpus, **settings: str) -> Iterator[SlackWorld]:
-    from storage.redis import connect
-
-    connect(redis_url).flushall()
-    with FakeSlack() as slack:
-        cluster = Cluster(database_url=f"sqlite:///{tmp_path}/deepthread.db", redis_url=redis_url, corpus=corpus,
-                          slack=slack, workdir=tmp_path, **settings)
-        cluster.start_worker("w1")
-        client = build_slack_client(slack.token, slack.api_url)
-        app = build_slack_app(cluster.settings, platform_core(SLACK, cluster.settings), client=client,
-                              dedupe=RedisEventDeduper.from_url(redis_url))
-        try:
-            with LoopbackServer(build_http_app(app)) as server:
-                sender = SlackEventSender(f"{server.url}/slack/events", cluster.settings.slack_signing_secret.get_secret_value())
-                yield SlackWorld(cluster, slack, corpus, sender)
-                sender.close()
-        finally:
-            cluster.stop()
-
-
-@pytest.fixture
-def world(tmp_path: Path, redis_url: str) -> Iterator[SlackWorld]:
-    with Corpus(llm_latency=0.3, page_latency=0.3) as corpus:
-        yield from slack_world(tmp_path, redis_url, corpus)
 
 
 @pytest.fixture

@@ -7,14 +7,13 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
 import httpx
 import pytest
 
-from bot.conversation.events import ChatEvent, Outcome
 from chat.slack.messenger import build_slack_client
 from bot.slack.app import build_slack_app
 from bot.slack.dedupe import RedisEventDeduper
@@ -22,6 +21,7 @@ from bot.slack.server import SlackBot, build_http_app
 from config import load_settings
 from tests.fakes.server import LoopbackServer, free_port
 from tests.fakes.slack_api import FakeSlack
+from tests.fakes.recording_core import RecordingCore
 from tests.fakes.slack_events import (
     FakeSocketModeServer,
     ResponseUrlCatcher,
@@ -30,6 +30,7 @@ from tests.fakes.slack_events import (
     SocketModeSlack,
     sign_slack_request,
 )
+from tests.waiting import HANG_GUARD_SECONDS, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -37,35 +38,12 @@ SECRET = "integration-signing-secret"
 CHANNEL = "C0RESEARCH"
 USER = "U0ASKER"
 FIVE_MINUTES = 5 * 60
-# Guards against a hang only; a correct run passes in milliseconds.
-HANG_GUARD_SECONDS = 20.0
-
-
-class BlockingCore:
-    """Records each event (from the server's thread) and holds it until the test releases it."""
-
-    def __init__(self) -> None:
-        self.events: list[ChatEvent] = []
-        self.release = threading.Event()
-        self.release.set()
-        self._lock = threading.Lock()
-
-    async def handle(self, event: ChatEvent) -> Outcome:
-        with self._lock:
-            self.events.append(event)
-        while not self.release.is_set():
-            await asyncio.sleep(0.01)
-        return Outcome()
-
-    def count(self) -> int:
-        with self._lock:
-            return len(self.events)
 
 
 class Bot:
     """The running HTTP-mode bot and what it talks to."""
 
-    def __init__(self, url: str, core: BlockingCore, slack: FakeSlack, sender: SlackEventSender) -> None:
+    def __init__(self, url: str, core: RecordingCore, slack: FakeSlack, sender: SlackEventSender) -> None:
         self.url = url
         self.core = core
         self.slack = slack
@@ -79,17 +57,9 @@ def _healthy(url: str) -> bool:
         return False
 
 
-def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.01)
-
-
 @pytest.fixture
 def bot(redis_url: str) -> Iterator[Bot]:
-    core = BlockingCore()
+    core = RecordingCore()
     with FakeSlack() as slack, ResponseUrlCatcher() as catcher:
         settings = load_settings(slack_bot_token=slack.token, slack_signing_secret=SECRET, slack_api_url=slack.api_url,
                                  redis_url=redis_url)
@@ -176,7 +146,7 @@ def test_unsigned_request_is_refused(bot: Bot) -> None:
 # --- Socket Mode ---------------------------------------------------------------------------------
 
 def test_socket_mode_acknowledges_envelopes_and_hands_them_to_the_core(redis_url: str) -> None:
-    core = BlockingCore()
+    core = RecordingCore()
     with SocketModeSlack() as slack, FakeSocketModeServer() as socket_server, ResponseUrlCatcher() as catcher:
         slack.socket_url = socket_server.url
         settings = load_settings(slack_bot_token=slack.token, slack_app_token=slack.app_token, slack_api_url=slack.api_url,

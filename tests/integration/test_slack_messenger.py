@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 
 import pytest
 
@@ -17,12 +16,6 @@ pytestmark = pytest.mark.integration
 
 CHANNEL = "C0RESEARCH"
 REQUESTER = "U0REQUEST"
-
-
-@pytest.fixture
-def slack() -> Iterator[FakeSlack]:
-    with FakeSlack() as fake:
-        yield fake
 
 
 @pytest.fixture

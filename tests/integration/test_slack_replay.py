@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import logging
 import socket
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import httpx
 import pytest
 
-from bot.conversation.events import ChatEvent, Outcome
 from bot.slack.app import REPLAYED_REQUEST_STATUS, build_slack_app
 from bot.slack.dedupe import MemoryEventDeduper, RedisEventDeduper, RedisReplayGuard, ReplayGuard
 from bot.slack.server import build_http_app
@@ -22,7 +20,9 @@ from chat.slack.messenger import build_slack_client
 from config import load_settings
 from tests.fakes.server import LoopbackServer, free_port
 from tests.fakes.slack_api import FakeSlack
+from tests.fakes.recording_core import RecordingCore
 from tests.fakes.slack_events import ResponseUrlCatcher, SlackEventSender, SlackRequest, sign_slack_request
+from tests.waiting import HANG_GUARD_SECONDS, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -30,25 +30,6 @@ SECRET = "replay-signing-secret"
 CHANNEL = "C0RESEARCH"
 USER = "U0ASKER"
 BODY_LIMIT = 64 * 1024
-# Only a guard against a hang: every answer here comes in milliseconds.
-HANG_GUARD_SECONDS = 10.0
-
-
-class RecordingCore:
-    """Records each event the adapter hands over (from the server's thread)."""
-
-    def __init__(self) -> None:
-        self.events: list[ChatEvent] = []
-        self._lock = threading.Lock()
-
-    async def handle(self, event: ChatEvent) -> Outcome:
-        with self._lock:
-            self.events.append(event)
-        return Outcome()
-
-    def texts(self) -> list[str]:
-        with self._lock:
-            return [event.text for event in self.events]
 
 
 @dataclass
@@ -65,14 +46,6 @@ class Bot:
         response = self.sender.send(self.sender.command("/research", text, user=USER, channel=CHANNEL))
         assert response.status_code == 200
         wait_for(lambda: text in self.core.texts())
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = HANG_GUARD_SECONDS) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.01)
 
 
 def running_bot(replay_guard: ReplayGuard, dedupe: object) -> Iterator[Bot]:

@@ -2,36 +2,18 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pexpect
 import pytest
-from sqlalchemy import select
 
-from storage.models import Run
 from tests.fakes.corpus import QUESTION, Corpus
 from tests.fakes.slack_api import FakeSlack
+from tests.integration.terminal_chat import spawn_chat
 from tests.integration.workers import Cluster
+from tests.run_rows import all_runs
 
 pytestmark = pytest.mark.integration
-
-
-def spawn_chat(cluster: Cluster, tmp_path: Path) -> pexpect.spawn:
-    environment = {**cluster.environment, "DATA_DIR": str(tmp_path / "data")}
-    child = pexpect.spawn(sys.executable, ["-m", "bot.cli", "chat"], env=environment, cwd=str(tmp_path),
-                          encoding="utf-8", codec_errors="replace", timeout=60,
-                          dimensions=(50, 160))
-    child.logfile_read = open(tmp_path / "chat.log", "w")
-    child.expect("deepthread")
-    child.expect_exact("/help")
-    child.expect("› ")
-    return child
-
-
-def runs(cluster: Cluster) -> list[Run]:
-    with cluster.sessions() as session:
-        return list(session.scalars(select(Run).order_by(Run.id)))
 
 
 def test_terminal_chat_answers_plans_runs_the_plan_on_go_answers_its_commands_and_cancels_on_ctrl_c(
@@ -61,7 +43,7 @@ def test_terminal_chat_answers_plans_runs_the_plan_on_go_answers_its_commands_an
             child.expect("Sources")
             child.expect("sentences verified")
             child.expect("› ")
-            research_runs = [run for run in runs(cluster) if run.mode == "research"]
+            research_runs = [run for run in all_runs(cluster.sessions) if run.mode == "research"]
             assert research_runs and research_runs[-1].state == "done" and research_runs[-1].plan is not None
             report_run = research_runs[-1].id
             assert report_run == announced_run
@@ -81,11 +63,11 @@ def test_terminal_chat_answers_plans_runs_the_plan_on_go_answers_its_commands_an
             child.expect("› ")
             assert exported.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
 
-            runs_before = len(runs(cluster))
+            runs_before = len(all_runs(cluster.sessions))
             child.sendline("/frobnicate the turbines")
             child.expect_exact("Unknown command /frobnicate. Type /help for the commands.")
             child.expect("› ")
-            assert len(runs(cluster)) == runs_before
+            assert len(all_runs(cluster.sessions)) == runs_before
 
             corpus.web.latency = 20.0
             child.sendline(f"/research {QUESTION} --site alpha.example")
@@ -94,7 +76,7 @@ def test_terminal_chat_answers_plans_runs_the_plan_on_go_answers_its_commands_an
             child.sendintr()
             child.expect(r"Stopped(\x1b\[[\d;]*m)* by you")
             child.expect("› ")
-            last = runs(cluster)[-1]
+            last = all_runs(cluster.sessions)[-1]
             assert last.state == "cancelled" and last.cancelled_by == "cli:local"
             child.sendline("/quit")
             child.expect(pexpect.EOF)
@@ -102,5 +84,5 @@ def test_terminal_chat_answers_plans_runs_the_plan_on_go_answers_its_commands_an
             if child is not None and child.isalive():
                 child.terminate(force=True)
             cluster.stop()
-    modes = [run.mode for run in runs(cluster)]
+    modes = [run.mode for run in all_runs(cluster.sessions)]
     assert modes[:3] == ["chat", "plan", "research"]

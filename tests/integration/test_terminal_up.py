@@ -14,6 +14,7 @@ from sqlalchemy import select
 
 from storage.models import Run
 from tests.fakes.corpus import QUESTION, Corpus
+from tests.integration.terminal_chat import SCREEN
 from tests.integration.workers import Cluster
 
 pytestmark = pytest.mark.integration
@@ -56,7 +57,7 @@ def test_up_answers_stops_a_run_on_ctrl_c_keeps_answering_keeps_logs_off_screen_
         cluster = Cluster(database_url=f"sqlite:///{workdir}/deepthread.db", redis_url=redis_url, corpus=corpus,
                           workdir=workdir)
         # INFO, so that a log line leaking onto the screen would show.
-        environment = {**cluster.environment, "DATA_DIR": str(workdir / "data"), "LOG_LEVEL": "INFO"}
+        environment = {**cluster.environment, **SCREEN, "DATA_DIR": str(workdir / "data"), "LOG_LEVEL": "INFO"}
         screen_path = workdir / "screen.log"
         child = pexpect.spawn(sys.executable, ["-m", "bot.cli", "up"], env=environment, cwd=str(workdir),
                               encoding="utf-8", codec_errors="replace", timeout=60, dimensions=(50, 160))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,12 +20,6 @@ pytestmark = pytest.mark.integration
 
 CURRENT_PHASE = re.compile(r"⏳ ([^\n]+)")
 REPORT_GREETING = "here is your report"
-
-
-@pytest.fixture
-def slack() -> Iterator[FakeSlack]:
-    with FakeSlack() as fake:
-        yield fake
 
 
 def make_cluster(tmp_path: Path, redis_url: str, corpus: Corpus, slack: FakeSlack, **settings: str) -> Cluster:

@@ -23,7 +23,7 @@ from research.rank import estimate_tokens
 from research.thread_context import TRUNCATION_MARKER, Turn, context_tokens, fit_thread_context
 from tests.fakes.llm import ChatRequest, FakeLLM, HandlerResult, default_research_model
 from tests.fakes.resolver import DictResolver
-from tests.unit.test_conversation import ALICE, BOB, World
+from tests.unit.conversation_world import ALICE, BOB, World
 from worker.runner import RunnerServices, execute
 from worker.toolkit import research_options
 

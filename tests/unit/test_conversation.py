@@ -3,63 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
-import fakeredis
 import pytest
 from sqlalchemy import select
-from sqlalchemy.orm import Session, sessionmaker
 
 from bot.conversation.commands import MAX_QUESTION_CHARS, UsageProblem, parse_request
-from bot.conversation.core import ConversationCore, CoreSettings
 from bot.conversation.events import ChatEvent, HistoryMessage
-from chat.slack.render import SlackRenderer
 from research.report import Report, ReportSource
 from storage.models import Message, Run
-from tests.fakes.messenger import RecordingMessenger
-from worker.queue import Limits, Queue
-
-ALICE, BOB, ADMIN = "slack:U0ALICE01", "slack:U0BOB0001", "slack:U0ADMIN01"
-
-
-class World:
-    def __init__(self, sessions: sessionmaker[Session], per_user: int = 1) -> None:
-        self.sessions = sessions
-        self.sent: list[tuple[str, int]] = []
-        self.messenger = RecordingMessenger()
-        self.queue = Queue(sessions, fakeredis.FakeRedis(), Limits(per_user=per_user, per_workspace=10),
-                           lambda name, run_id, task_id: self.sent.append((name, run_id)))
-        self.core = ConversationCore(sessions=sessions, queue=self.queue, messenger=self.messenger,
-                                     renderer=SlackRenderer(), settings=CoreSettings(admins=frozenset({ADMIN})))
-
-    def handle(self, **fields: Any):
-        defaults = {"platform": "slack", "workspace": "T1", "channel": "C1", "user": ALICE}
-        return asyncio.run(self.core.handle(ChatEvent(**{**defaults, **fields})))
-
-    def run(self, run_id: int) -> Run:
-        with self.sessions() as session:
-            return session.get(Run, run_id)
-
-    def finish(self, run_id: int, state: str = "done", report: Report | None = None, **fields: Any) -> None:
-        with self.sessions.begin() as session:
-            run = session.get(Run, run_id)
-            run.state = state
-            if report is not None:
-                run.report_json = report.model_dump(mode="json")
-            for name, value in fields.items():
-                setattr(run, name, value)
-
-    def status_id(self, run_id: int) -> str:
-        return self.run(run_id).status_message_id
+from tests.unit.conversation_world import ADMIN, ALICE, BOB, World, research
 
 
 @pytest.fixture
 def world(session_factory) -> World:
     return World(session_factory)
-
-
-def research(world: World, text: str = "Why is the sea salty?", user: str = ALICE):
-    return world.handle(kind="command", command="research", text=text, user=user)
 
 
 # -- commands and options ------------------------------------------------------------------------
