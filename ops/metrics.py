@@ -117,7 +117,8 @@ class Metrics:
         self.rate_limit_wait_seconds = Counter("deepthread_platform_rate_limit_wait_seconds",
                                                "Time spent waiting out chat platforms' rate limits.", ["platform"],
                                                registry=registry)
-        # Feedback counts (reactions on reports) come with the feedback issue: their Counter belongs here.
+        self.feedback = Counter("deepthread_feedback", "👍/👎 clicks on reports and answers, by verdict (good, bad).",
+                                ["verdict"], registry=registry)
 
     def run_started(self, *, mode: str, created_at: dt.datetime | None = None, started_at: dt.datetime | None = None,
                     first_attempt: bool = True, clock: Clock = time.monotonic) -> RunObserver:
@@ -130,6 +131,10 @@ class Metrics:
     def record_status_edit(self, outcome: StatusEdit) -> None:
         """Count one status edit by what became of it."""
         self.status_edits.labels(outcome=outcome.value).inc()
+
+    def record_feedback(self, verdict: str) -> None:
+        """Count one 👍 ("good") or 👎 ("bad") click."""
+        self.feedback.labels(verdict=verdict).inc()
 
     def record_rate_limit_wait(self, platform: str, seconds: float) -> None:
         """Count one wait imposed by `platform`'s rate limits, and its length."""

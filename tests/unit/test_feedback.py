@@ -47,6 +47,24 @@ def test_a_thumbs_up_is_stored_once_per_person_and_a_second_click_changes_it(wor
     assert feedback_rows(world) == [(run_id, ALICE, 1, None), (run_id, BOB, -1, None)]
 
 
+def test_each_click_is_counted_in_the_process_metrics_by_verdict(world: World) -> None:
+    from prometheus_client import REGISTRY
+
+    from ops.metrics import process_metrics
+
+    process_metrics()  # the counters exist from here on
+
+    def counted(verdict: str) -> float:
+        return REGISTRY.get_sample_value("deepthread_feedback_total", {"verdict": verdict}) or 0.0
+
+    before = counted("good"), counted("bad")
+    run_id = research(world).run_id
+    click(world, run_id, "good")
+    click(world, run_id, "bad", user=BOB)
+    click(world, run_id, "bad")
+    assert (counted("good") - before[0], counted("bad") - before[1]) == (1, 2)
+
+
 def test_a_thumbs_down_asks_what_was_wrong_and_the_answer_lands_on_that_row(world: World) -> None:
     run_id = research(world).run_id
     assert click(world, run_id, "bad").ask_what_was_wrong == run_id
