@@ -40,6 +40,10 @@ def _reason_of(error: BaseException) -> str:
     return getattr(error, "reason", None) or type(error).__name__
 
 
+# The key of a workspace's allowance for task-stream appends, after the workspace's own (status edits).
+STREAM_BUDGET_SUFFIX = "/task-stream"
+
+
 class ProgressStream:
     """One attempt's progress as a streamed task list: `show` each state, `close` with the final one (on the delivery loop)."""
 
@@ -58,7 +62,10 @@ class ProgressStream:
         self.stopped = False  # chat.stopStream went through: the stream ended as it should
         self._closing = False
         # The final state does not wait for the budget: the report follows it, and a busy workspace must not hold that up.
-        self._sender = StatusEditor(self._send, bucket=bucket, workspace=place.workspace, min_interval=min_interval,
+        # Its own allowance in the workspace's budget: chat.appendStream is rate limited apart from chat.update, and
+        # sharing one allowance left status edits (the first among them) refused under load.
+        self._sender = StatusEditor(self._send, bucket=bucket, workspace=f"{place.workspace}{STREAM_BUDGET_SUFFIX}",
+                                    min_interval=min_interval,
                                     final_wait=0.0, clock=clock, sleep=sleep, count_edit=lambda outcome: None)
 
     async def show(self, progress: RunProgress) -> None:

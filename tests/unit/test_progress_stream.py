@@ -21,7 +21,9 @@ from storage.db import make_engine, make_session_factory
 from storage.models import Base, Conversation, Run
 from tests.fakes.messenger import RecordingMessenger
 from worker.delivery import DeliveryTarget, RunDelivery
+from tests.fakes.clock import FakeClock
 from worker.progress import InMemoryEditBucket
+from worker.progress_stream import STREAM_BUDGET_SUFFIX
 
 STREAM_TS = "500.5"
 STATUS_TS = "101.0"
@@ -107,9 +109,10 @@ def stored_research_run(sessions: sessionmaker[Session], attempt: int = 1) -> in
         return run.id
 
 
-def delivery_of(sessions: sessionmaker[Session], run_id: int, messenger: TaskStreamingMessenger) -> RunDelivery:
+def delivery_of(sessions: sessionmaker[Session], run_id: int, messenger: TaskStreamingMessenger,
+                bucket: InMemoryEditBucket | None = None) -> RunDelivery:
     return RunDelivery(sessions, DeliveryTarget.load(sessions, run_id), messenger=messenger, renderer=SlackRenderer(),
-                       bucket=InMemoryEditBucket(), min_interval=0.0)
+                       bucket=bucket or InMemoryEditBucket(), min_interval=0.0)
 
 
 def states(run_id: int, attempt: int = 1) -> list[RunProgress]:
@@ -172,6 +175,29 @@ def test_tasks_stream_while_the_status_message_follows_phase_changes_only(sessio
                                                    "message_id": STREAM_TS, "thread": "100.0"}}
     report_posts = [content for _, content, _ in messenger.posts if "here is your report" in content.text]
     assert len(report_posts) == 1
+
+
+def test_task_stream_appends_draw_on_an_allowance_of_their_own_not_the_status_edits(session_factory) -> None:
+    run_id = stored_research_run(session_factory)
+    messenger = TaskStreamingMessenger()
+    clock = FakeClock()
+    bucket = InMemoryEditBucket(capacity=40, clock=clock)
+
+    async def run() -> None:
+        delivery = delivery_of(session_factory, run_id, messenger, bucket=bucket)
+        shown = states(run_id)
+        await delivery.on_state(shown[0])
+        await messenger.until(lambda: messenger.kinds() == ["start"])
+        for number, progress in enumerate(shown[1:], start=2):
+            await delivery.on_state(progress)
+            await messenger.until(lambda: len(messenger.task_calls) == number)
+        await delivery.finish(final(shown[-1]))
+
+    asyncio.run(run())
+    streamed, edited = len(messenger.task_calls), messenger.status_edits()
+    assert streamed > 1 and edited >= 1
+    assert bucket.tokens(f"T1{STREAM_BUDGET_SUFFIX}") == 40 - streamed
+    assert bucket.tokens("T1") == 40 - edited
 
 
 def test_an_expired_stream_hands_progress_back_to_the_status_message_and_is_finished_by_one_edit(
