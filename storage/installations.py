@@ -2,7 +2,7 @@
 
 The columns are slack-sdk's own (`SQLAlchemyInstallationStore.build_installations_table`, `build_bots_table`,
 `SQLAlchemyOAuthStateStore.build_oauth_states_table`), written out here so that the schema lives in our metadata and
-migrations without importing slack-sdk; tests/unit/test_slack_installation_tables.py checks they stay the same.
+migrations without importing slack-sdk; tests/unit/test_slack_oauth_settings.py checks they stay the same.
 """
 
 from __future__ import annotations

@@ -870,7 +870,8 @@ class FakeSlack(LoopbackFake):
         self._channels.setdefault(channel, []).append(message)
         return {"ok": True, "channel": channel, "ts": message.ts}
 
-    def _append_stream(self, params: dict[str, Any]) -> dict[str, Any]:
+    def _stream_call(self, params: dict[str, Any]) -> tuple[str, str, SlackStream, str] | dict[str, Any]:
+        """The channel, ts, open stream and text an append or stop names, or Slack's error answer."""
         channel, ts = str(params.get("channel", "")), str(params.get("ts", ""))
         stream = self._open_stream(channel, ts)
         if isinstance(stream, str):
@@ -878,6 +879,13 @@ class FakeSlack(LoopbackFake):
         text = self._stream_text(params)
         if text is None:
             return {"ok": False, "error": "invalid_chunks"}
+        return channel, ts, stream, text
+
+    def _append_stream(self, params: dict[str, Any]) -> dict[str, Any]:
+        call = self._stream_call(params)
+        if isinstance(call, dict):
+            return call
+        channel, ts, stream, text = call
         chunks = decoded_chunks(params.get("chunks"))
         if not text and not chunks:
             return {"ok": False, "error": "no_text"}
@@ -891,13 +899,10 @@ class FakeSlack(LoopbackFake):
         return {"ok": True, "channel": channel, "ts": ts}
 
     def _stop_stream(self, params: dict[str, Any]) -> dict[str, Any]:
-        channel, ts = str(params.get("channel", "")), str(params.get("ts", ""))
-        stream = self._open_stream(channel, ts)
-        if isinstance(stream, str):
-            return {"ok": False, "error": stream}
-        text = self._stream_text(params)
-        if text is None:
-            return {"ok": False, "error": "invalid_chunks"}
+        call = self._stream_call(params)
+        if isinstance(call, dict):
+            return call
+        channel, ts, stream, text = call
         blocks = params.get("blocks")
         if blocks is not None and (not isinstance(blocks, list) or blocks_error(blocks)):
             return {"ok": False, "error": "invalid_blocks"}
