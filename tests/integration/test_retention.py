@@ -22,6 +22,12 @@ OLD = NOW - dt.timedelta(days=100)
 CUTOFF = NOW - dt.timedelta(days=90)
 
 
+def in_an_hour() -> dt.datetime:
+    """A moment still ahead when prune runs: the database's clock judges leases and retries, and NOW (set when the
+    module was imported) may be minutes old by then."""
+    return dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)
+
+
 class Threads:
     """Stores conversations and runs with everything a run gathers, at chosen ages."""
 
@@ -83,9 +89,9 @@ def test_prune_deletes_old_finished_runs_with_everything_they_own_and_keeps_the_
     running_thread = threads.conversation()
     kept_runs.add(threads.run(running_thread, state="running"))
     retrying_thread = threads.conversation()
-    kept_runs.add(threads.run(retrying_thread, delivery_retry_at=NOW + dt.timedelta(minutes=5)))
+    kept_runs.add(threads.run(retrying_thread, delivery_retry_at=in_an_hour()))
     delivering_thread = threads.conversation()
-    kept_runs.add(threads.run(delivering_thread, lease_owner="delivering", lease_until=NOW + dt.timedelta(minutes=5)))
+    kept_runs.add(threads.run(delivering_thread, lease_owner="delivering", lease_until=in_an_hour()))
     runless_old_thread = threads.conversation(messages=3)
     recent_thread = threads.conversation(created_at=NOW - dt.timedelta(days=3))
     kept_runs.add(threads.run(recent_thread, created_at=NOW - dt.timedelta(days=3), state="timed_out"))
