@@ -248,6 +248,12 @@ class RunDelivery:
         if self.progress_stream is not None:
             await self.progress_stream.stop()
 
+    async def abandon(self) -> None:
+        """Stop showing an attempt that will not be finished (stale, or broken): no final edit, streams ended."""
+        await self.editor.stop()
+        await self.close_answer_stream()
+        await self.stop_progress_stream()
+
     async def _final_progress_message(self, progress: RunProgress) -> None:
         """The final state in the run's streamed progress message, if it has one, once; a deleted message is let go."""
         try:

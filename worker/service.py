@@ -136,10 +136,8 @@ class WorkerRuntime:
                 self.delivery_loop.call(delivery.finish(final)).result()
                 finished = True
         finally:
-            if not finished:  # a stale attempt, or one that broke: its editor stops without a final edit
-                self.delivery_loop.call(delivery.editor.stop()).result()
-                self.delivery_loop.call(delivery.close_answer_stream()).result()
-                self.delivery_loop.call(delivery.stop_progress_stream()).result()
+            if not finished:  # a stale attempt, or one that broke
+                self.delivery_loop.call(delivery.abandon()).result()
 
     async def _execute(self, started: StartedAttempt, owner: str, delivery: RunDelivery | None) -> RunProgress | None:
         settings = self.settings

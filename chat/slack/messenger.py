@@ -155,7 +155,7 @@ class SlackMessenger:
     platform = "slack"
 
     def __init__(self, client: AsyncWebClient | None = None, *, workspaces: WorkspaceClients | None = None,
-                 thread_status: AssistantThreadStatus | None = None, progress_mode: ProgressMode = "auto") -> None:
+                 thread_status: AssistantThreadStatus | None = None, progress_mode: ProgressMode = "edit") -> None:
         """Speak with one `client` (one bot token) everywhere, or with each workspace's own client from `workspaces`;
         `progress_mode` is SLACK_PROGRESS (research progress as streamed tasks, edited messages, or `auto`)."""
         if (client is None) == (workspaces is None):
