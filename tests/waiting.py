@@ -13,13 +13,15 @@ Value = TypeVar("Value")
 HANG_GUARD_SECONDS = 15.0
 
 
-def wait_for(condition: Callable[[], Value], what: str = "change", timeout: float = HANG_GUARD_SECONDS) -> Value:
-    """The first truthy value of `condition`, polled; raises AssertionError when none comes within `timeout`."""
+def wait_for(condition: Callable[[], Value], what: str = "change", timeout: float = HANG_GUARD_SECONDS,
+             interval: float = 0.01) -> Value:
+    """The first truthy value of `condition`, polled every `interval`; raises AssertionError when none comes within
+    `timeout`."""
     deadline = time.monotonic() + timeout
     while not (result := condition()):
         if time.monotonic() > deadline:
             raise AssertionError(f"no {what} in time")
-        time.sleep(0.01)
+        time.sleep(interval)
     return result
 
 

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from storage.models import Conversation, Run
 from storage.redis import connect
 from tests.fakes.corpus import Corpus
 from tests.fakes.slack_api import FakeSlack
+from tests.waiting import wait_for
 from worker.queue import Limits, Queue, SendTask, celery_sender
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -131,14 +131,12 @@ class Cluster:
             return session.get(Run, run_id)
 
     def wait_for(self, predicate: Callable[[], Any], timeout: float, message: str) -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = predicate()
-            if value:
-                return value
-            time.sleep(0.1)
-        logs = "\n".join(f"--- {name}\n{self.log(name)[-3000:]}" for name in self.workers)
-        raise AssertionError(f"timed out after {timeout} s waiting for {message}\n{logs}")
+        """`tests.waiting.wait_for` at a pace kind to the database, the workers' logs added to a timeout."""
+        try:
+            return wait_for(predicate, message, timeout, interval=0.1)
+        except AssertionError:
+            logs = "\n".join(f"--- {name}\n{self.log(name)[-3000:]}" for name in self.workers)
+            raise AssertionError(f"timed out after {timeout} s waiting for {message}\n{logs}") from None
 
     def newest_run_is_fetching(self) -> bool:
         """Whether the newest run is research that has started fetching pages (a moment to stop it mid-run)."""
