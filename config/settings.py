@@ -56,6 +56,13 @@ class Settings(BaseSettings):
     llm_price_output_per_mtok: float = Field(default=0.0, ge=0)
     llm_max_output_tokens: int = Field(default=16_000, gt=0)
     llm_reasoning_effort: Literal["", "minimal", "low", "medium", "high"] = ""
+    # How long to wait on the model (research.llm): streamed calls by connect, first token and idle gap, never a total.
+    llm_connect_timeout: float = Field(default=10.0, gt=0)
+    llm_first_token_timeout: float = Field(default=600.0, gt=0)
+    llm_idle_timeout: float = Field(default=120.0, gt=0)
+    llm_timeout: float = Field(default=900.0, gt=0)
+    # The model's whole context window in tokens; empty: asked of the server (llama.cpp, vLLM, Ollama), else learnt.
+    llm_context_tokens: int | None = Field(default=None, gt=0)
 
     search_providers: CommaList = Field(default_factory=lambda: ["auto"])
     search_fanout: bool = False
@@ -149,6 +156,11 @@ class Settings(BaseSettings):
     @classmethod
     def _blank_quota_is_off(cls, value: Any) -> Any:
         return 0 if value is None or (isinstance(value, str) and not value.strip()) else value
+
+    @field_validator("llm_context_tokens", mode="before")
+    @classmethod
+    def _blank_window_is_unknown(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and not value.strip() else value
 
     @field_validator("search_providers")
     @classmethod

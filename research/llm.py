@@ -1,23 +1,38 @@
 """LLM access through the official `openai` SDK against any OpenAI-compatible endpoint: text, validated JSON, usage and cost.
 
-Retries: the SDK itself retries connection errors, timeouts, 408, 409, 429 and 5xx `max_retries` times with
-exponential backoff (0.5 s doubling to 8 s, with jitter) and honours `retry-after-ms` / `Retry-After` up to
-two minutes (`openai/_base_client.py`: `_should_retry`, `_calculate_retry_timeout`); a `Retry-After` of 0 is
-treated as absent, so the backoff applies. This module adds nothing to that loop.
+Time. Every call is streamed where the endpoint streams (free text and structured calls alike). Its limits are a
+connect timeout, a time to first token (`first_token_timeout_seconds`, long enough for a local server that reads
+the prompt for minutes or a reasoning model that thinks before it writes) and an idle gap between chunks, never a
+total for an answer that is still arriving; the run's own budget is the caller's. An endpoint that does not stream
+gets one total limit (`timeout_seconds`). A call whose first-token, idle or total limit fired is never sent again
+(`LLMTimeout`): the server may still be working on it, and a local server, which works on one request at a time,
+would queue the copy behind the abandoned one.
 
-Endpoints differ; a 400 that names an unsupported feature is remembered for the client's lifetime and worked
-around: `json_schema` → JSON mode (`json_object`) → schema in the prompt only; `temperature` → left out;
-`max_tokens` → `max_completion_tokens` (OpenAI's reasoning models).
+Retries. The SDK's own retry loop is off. Connection failures before the request reached the server, and 429 and
+5xx answered before any output, are retried `max_retries` times with exponential backoff (0.5 s doubling to 8 s,
+with jitter), honouring `Retry-After` (up to two minutes) and `x-should-retry`, as the SDK does.
+
+Quirks. Endpoints differ; a 4xx or 5xx whose body names a parameter the endpoint does not support is learnt for the
+endpoint and model, for the whole process (`learnt_quirks`), and worked around: `json_schema` → JSON mode
+(`json_object`) → schema in the prompt only; `temperature`, `reasoning_effort`, `stream_options` → left out;
+`max_tokens` ↔ `max_completion_tokens`; `stream` → whole answers. The model's context window is the setting when
+given, else what the server says (llama.cpp's `/props`, vLLM's `max_model_len`, Ollama's `/api/show`), else what an
+overflow error names; the answer's room is capped to fit it, and a prompt that cannot fit raises `ContextOverflow`
+for the caller to send less.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import email.utils
 import json
 import math
+import random
 import re
+import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -40,7 +55,8 @@ MAX_REPAIR_ERRORS_SHOWN = 8
 T = TypeVar("T", bound=BaseModel)
 Message = dict[str, Any]
 ResponseFormatMode = Literal["json_schema", "json_object", "prompt_only"]
-AdaptableParameter = Literal["response_format", "temperature", "max_tokens", "reasoning_effort", "stream_options"]
+AdaptableParameter = Literal["response_format", "temperature", "max_tokens", "max_completion_tokens",
+                             "reasoning_effort", "stream_options", "stream"]
 ReasoningEffort = Literal["minimal", "low", "medium", "high"]
 # What a model is asked when its answer stopped at the output limit: go on, without repeating itself.
 CONTINUE_INSTRUCTION = ("Your answer was cut off at the output limit. Continue exactly where it stopped, mid-sentence "
@@ -50,6 +66,27 @@ MAX_CONTINUATIONS = 2
 RESTART_PREFIX_CHARS = 80
 # A structured answer cut off is asked again with this much room when the first ask set no limit.
 STRUCTURED_RETRY_TOKENS = 8_000
+# Defaults that suit a cloud API and a local server alike: a laptop may read a long prompt for minutes before the
+# first token, and a reasoning model may think as long; once writing, even a slow server sends a chunk a second.
+DEFAULT_TIMEOUT_SECONDS = 900.0
+DEFAULT_CONNECT_TIMEOUT_SECONDS = 10.0
+DEFAULT_FIRST_TOKEN_TIMEOUT_SECONDS = 600.0
+DEFAULT_IDLE_TIMEOUT_SECONDS = 120.0
+# Retries as the SDK spaces them (openai/_constants.py).
+INITIAL_RETRY_DELAY = 0.5
+MAX_RETRY_DELAY = 8.0
+MAX_RETRY_AFTER_SECONDS = 120.0
+# Fitting prompts to a context window: a token is taken to be three characters (tokenizers differ, and under-counting
+# costs a refused request), and some room is kept for the chat template's own tokens.
+FITTING_CHARACTERS_PER_TOKEN = 3
+TEMPLATE_TOKENS_PER_MESSAGE = 8
+CONTEXT_MARGIN_TOKENS = 64
+MIN_ANSWER_TOKENS = 256
+# A window learnt from an overflow error that named no size: this share of what was asked for.
+UNNAMED_WINDOW_SHARE = 0.75
+DISCOVERY_TIMEOUT_SECONDS = 5.0
+# Ollama runs a model with this window unless told otherwise (num_ctx), whatever the model was trained for.
+OLLAMA_DEFAULT_CONTEXT_TOKENS = 4_096
 
 
 class LLMError(Exception):
@@ -61,7 +98,26 @@ class LLMError(Exception):
 
 
 class LLMUnavailable(LLMError):
-    """The endpoint could not be reached, timed out, or kept answering 429/5xx after the SDK's retries."""
+    """The endpoint could not be reached, timed out, or kept answering 429/5xx after the retries."""
+
+
+class LLMTimeout(LLMUnavailable):
+    """The endpoint took the request but sent no first token in time, went quiet in the middle of its answer, or (not
+    streaming) did not finish in time. The server may still be working on it, so it was not sent again; `limit` names
+    the setting that fired (`LLM_FIRST_TOKEN_TIMEOUT`, `LLM_IDLE_TIMEOUT`, `LLM_TIMEOUT`)."""
+
+    def __init__(self, message: str, *, limit: str) -> None:
+        super().__init__(message)
+        self.limit = limit
+
+
+class ContextOverflow(LLMError):
+    """The prompt, with room kept for the answer, does not fit the model's context window: send less and ask again.
+    `context_tokens` is the window as now known (learnt from the server's error when it named it)."""
+
+    def __init__(self, message: str, *, context_tokens: int | None, status: int | None = None) -> None:
+        super().__init__(message, status=status)
+        self.context_tokens = context_tokens
 
 
 class LLMAuthError(LLMError):
@@ -86,10 +142,18 @@ class LLMConfig(BaseModel):
     fast_model: str | None = None
     price_input_per_mtok: float = Field(default=0.0, ge=0)
     price_output_per_mtok: float = Field(default=0.0, ge=0)
-    timeout_seconds: float = Field(default=60.0, gt=0)
+    # The whole of a call to an endpoint that does not stream (LLM_TIMEOUT).
+    timeout_seconds: float = Field(default=DEFAULT_TIMEOUT_SECONDS, gt=0)
+    connect_timeout_seconds: float = Field(default=DEFAULT_CONNECT_TIMEOUT_SECONDS, gt=0)
+    # From sending a streamed request to its first token, answer or reasoning (LLM_FIRST_TOKEN_TIMEOUT).
+    first_token_timeout_seconds: float = Field(default=DEFAULT_FIRST_TOKEN_TIMEOUT_SECONDS, gt=0)
+    # The longest gap between two chunks once the answer has begun (LLM_IDLE_TIMEOUT).
+    idle_timeout_seconds: float = Field(default=DEFAULT_IDLE_TIMEOUT_SECONDS, gt=0)
     max_retries: int = Field(default=3, ge=0)
     max_output_tokens: int = Field(default=16_000, gt=0)
     reasoning_effort: ReasoningEffort | None = None
+    # The model's whole context window in tokens (LLM_CONTEXT_TOKENS); None: asked of the server, else learnt.
+    context_tokens: int | None = Field(default=None, gt=0)
 
     @field_validator("base_url", mode="before")
     @classmethod
@@ -369,6 +433,12 @@ def estimate_tokens(text: str) -> int:
     return math.ceil(len(text) / CHARACTERS_PER_TOKEN)
 
 
+def estimate_prompt_tokens(messages: Sequence[Message]) -> int:
+    """A cautious token count of a prompt, for fitting it to a context window (over-counting is the safe side)."""
+    characters = sum(len(message_text(message)) for message in messages)
+    return math.ceil(characters / FITTING_CHARACTERS_PER_TOKEN) + TEMPLATE_TOKENS_PER_MESSAGE * len(messages)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Errors from the SDK to ours
 # ---------------------------------------------------------------------------------------------------------------
@@ -391,30 +461,77 @@ def _server_message(error: openai.APIStatusError) -> str:
     return ""
 
 
+def _error_text(error: openai.APIStatusError) -> str:
+    """Everything the server said, lower case: its message, the SDK's, and the rest of the error body."""
+    body = error.body if isinstance(error.body, dict) else {}
+    extra = json.dumps({key: value for key, value in body.items() if key != "message"}, default=str)
+    return f"{_server_message(error)} {error.message} {extra}".lower()
+
+
+# Words with which servers say a parameter is not theirs to take: OpenAI ("unsupported parameter", "unrecognized
+# request argument"), vLLM and pydantic-based servers ("extra inputs are not permitted", "input should be"),
+# llama-cpp-python's 500 ("validation error … literal_error").
+_REFUSAL_WORDS = ("support", "unrecognized", "unknown", "not permitted", "not allowed", "invalid", "unexpected",
+                  "validation error", "input should be", "extra_forbidden", "literal_error")
+
+
 def _rejected_parameter(error: openai.APIStatusError) -> AdaptableParameter | None:
-    """Which request parameter a 400/422 says the endpoint does not support, if it is one we can do without."""
-    if error.status_code not in (400, 422):
+    """Which request parameter a 4xx or 5xx says the endpoint does not support, if it is one we can do without."""
+    if error.status_code < 400 or error.status_code in (401, 403, 404, 429):
         return None
     parameter = (error.param or "").lower()
-    text = f"{_server_message(error)} {error.message}".lower()
+    text = _error_text(error)
+    refusal = error.status_code in (400, 422) or any(word in text for word in _REFUSAL_WORDS)
+    if not refusal:
+        return None
     if parameter.startswith("response_format") or "response_format" in text or "json_schema" in text:
         return "response_format"
-    unsupported = "support" in text
+    unsupported = any(word in text for word in _REFUSAL_WORDS)
     if parameter == "temperature" or (unsupported and "temperature" in text):
         return "temperature"
+    if parameter == "max_completion_tokens" or (unsupported and "max_completion_tokens" in text
+                                                 and "use 'max_completion_tokens'" not in text):
+        return "max_completion_tokens"
     if parameter == "max_tokens" or (unsupported and "max_tokens" in text and "max_completion_tokens" in text):
         return "max_tokens"
     if parameter in ("reasoning_effort", "reasoning") or "reasoning_effort" in text:
         return "reasoning_effort"
     if parameter.startswith("stream_options") or "stream_options" in text:
         return "stream_options"
+    if parameter == "stream" or (unsupported and re.search(r"\bstream(ing)?\b", text)):
+        return "stream"
+    return None
+
+
+_OVERFLOW_WORDS = ("context length", "context window", "context size", "context_length", "exceed_context",
+                   "prompt is too long", "input is too long", "too many tokens", "reduce the length")
+_WINDOW_SIZES = (
+    re.compile(r"maximum context length is (\d+)"),         # OpenAI, vLLM, llama-cpp-python
+    re.compile(r'"n_ctx":\s*(\d+)'),                         # llama.cpp's exceed_context_size_error
+    re.compile(r"context window of (\d+)"),                  # llama-cpp-python's "exceed context window of N"
+    re.compile(r"context (?:size|length|window) (?:is |of )?\(?(\d+)"),
+)
+
+
+def context_overflow_window(error: openai.APIStatusError) -> int | None | Literal[False]:
+    """For an error that says the prompt did not fit: the window it names, or None when it names none; False when
+    the error is about something else."""
+    if error.status_code not in (400, 413, 422, 500):
+        return False
+    text = _error_text(error)
+    if not any(word in text for word in _OVERFLOW_WORDS):
+        return False
+    for pattern in _WINDOW_SIZES:
+        found = pattern.search(text)
+        if found and int(found.group(1)) > 0:
+            return int(found.group(1))
     return None
 
 
 def translate_error(error: openai.OpenAIError, config: LLMConfig, model: str) -> LLMError:
     """Our plain, secret-free error for an SDK error."""
     if isinstance(error, openai.APITimeoutError):
-        return LLMUnavailable(f"the LLM endpoint did not answer within {config.timeout_seconds:g} s")
+        return LLMUnavailable(f"the LLM endpoint could not be connected to within {config.connect_timeout_seconds:g} s")
     if isinstance(error, openai.APIConnectionError):
         return LLMUnavailable("could not connect to the LLM endpoint")
     if isinstance(error, openai.AuthenticationError | openai.PermissionDeniedError):
@@ -439,19 +556,78 @@ def translate_error(error: openai.OpenAIError, config: LLMConfig, model: str) ->
     return LLMError("the LLM endpoint sent a response that could not be read")
 
 
+def _retry_after(headers: httpx.Headers | Mapping[str, str]) -> float | None:
+    """Seconds a `retry-after-ms` or `Retry-After` header asks to wait (a number, or an HTTP date); None if absent."""
+    milliseconds = headers.get("retry-after-ms")
+    if milliseconds:
+        try:
+            return float(milliseconds) / 1000
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        return when.timestamp() - time.time()
+
+
+def retry_delay(error: openai.OpenAIError, attempt: int) -> float | None:
+    """How long to wait before sending a failed request again, or None when it must not be sent again: only a
+    request that never reached the server, a 408/409/429 or a 5xx (an answer, so the server is done with it)."""
+    backoff = min(INITIAL_RETRY_DELAY * 2.0 ** attempt, MAX_RETRY_DELAY) * (1 - 0.25 * random.random())
+    if isinstance(error, openai.APITimeoutError):
+        # A connection or a pool slot not had in time: never sent. A read timeout: the server may be working on it.
+        return backoff if type(error.__cause__).__name__ in ("ConnectTimeout", "PoolTimeout") else None
+    if isinstance(error, openai.APIConnectionError):
+        return backoff
+    if not isinstance(error, openai.APIStatusError):
+        return None
+    should_retry = error.response.headers.get("x-should-retry")
+    if should_retry == "false":
+        return None
+    if should_retry != "true" and error.status_code not in (408, 409, 429) and error.status_code < 500:
+        return None
+    asked = _retry_after(error.response.headers)
+    if asked is not None and asked > MAX_RETRY_AFTER_SECONDS:
+        return None
+    return asked if asked is not None and asked > 0 else backoff
+
+
 class _ResponseFormatRejected(Exception):
     """The endpoint refused the response_format we sent."""
 
 
+class _NotStreamed(Exception):
+    """The endpoint answered a streamed request with no server-sent events: it does not stream."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What each endpoint and model has taught us, for the whole process
+# ---------------------------------------------------------------------------------------------------------------
+
+
 @dataclass
 class EndpointQuirks:
-    """What this endpoint has refused so far, learnt from its 400s and shared by every view of a client."""
+    """What one endpoint and model has refused or said so far, learnt from its errors and shared by every client of
+    the process (every run after the first asks the way that works)."""
 
     response_format_mode: ResponseFormatMode = "json_schema"
     send_temperature: bool = True
     send_reasoning_effort: bool = True
     send_stream_options: bool = True
     token_limit_parameter: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
+    streams: bool = True
+    # The context window in tokens, as the server told it (its props, its model listing, or an overflow error).
+    context_tokens: int | None = None
+    context_looked_up: bool = False
+    # False once a report came back without any inline citation and the model cited through JSON claims instead.
+    cites_inline: bool = True
 
     def adapt_to(self, rejected: AdaptableParameter) -> bool:
         """Stop sending what the endpoint refused; False when there is nothing left to change."""
@@ -464,14 +640,101 @@ class EndpointQuirks:
         if rejected == "stream_options" and self.send_stream_options:
             self.send_stream_options = False
             return True
+        if rejected == "stream" and self.streams:
+            self.streams = False
+            return True
         if rejected == "max_tokens" and self.token_limit_parameter == "max_tokens":
             self.token_limit_parameter = "max_completion_tokens"
+            return True
+        if rejected == "max_completion_tokens" and self.token_limit_parameter == "max_completion_tokens":
+            self.token_limit_parameter = "max_tokens"
             return True
         return False
 
     def step_down_response_format(self) -> None:
         """Use the next, less demanding way of asking for JSON."""
         self.response_format_mode = "json_object" if self.response_format_mode == "json_schema" else "prompt_only"
+
+    def learn_window(self, named: int | None, asked_tokens: int) -> int:
+        """The window after an overflow: the one the server named, else a share of what was asked (never larger)."""
+        learnt = named if named is not None else max(MIN_ANSWER_TOKENS * 4, int(asked_tokens * UNNAMED_WINDOW_SHARE))
+        self.context_tokens = min(learnt, self.context_tokens) if self.context_tokens else learnt
+        return self.context_tokens
+
+
+_LEARNT: dict[tuple[str, str], EndpointQuirks] = {}
+_LEARNT_LOCK = threading.Lock()
+
+
+def learnt_quirks(base_url: str, model: str) -> EndpointQuirks:
+    """The quirks learnt so far for `model` at `base_url` in this process (new ones start from the most capable)."""
+    with _LEARNT_LOCK:
+        return _LEARNT.setdefault((base_url.rstrip("/"), model), EndpointQuirks())
+
+
+def forget_learnt_quirks() -> None:
+    """Forget every endpoint's quirks (tests start each case from a new process's knowledge)."""
+    with _LEARNT_LOCK:
+        _LEARNT.clear()
+
+
+def _positive_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _window_in_props(data: Any) -> int | None:
+    """llama.cpp's `GET /props`: `default_generation_settings.n_ctx` (older builds: a top-level `n_ctx`)."""
+    if not isinstance(data, dict):
+        return None
+    settings = data.get("default_generation_settings")
+    return _positive_int(settings.get("n_ctx") if isinstance(settings, dict) else None) or _positive_int(data.get("n_ctx"))
+
+
+def _window_in_models(data: Any, model: str) -> int | None:
+    """A `/v1/models` listing's entry for `model`: vLLM's `max_model_len`, or a `context_length` some servers add."""
+    entries = data.get("data") if isinstance(data, dict) else None
+    for entry in entries if isinstance(entries, list) else []:
+        if isinstance(entry, dict) and entry.get("id") == model:
+            for key in ("max_model_len", "context_length", "context_window", "max_context_length"):
+                if found := _positive_int(entry.get(key)):
+                    return found
+    return None
+
+
+def _window_in_ollama_show(data: Any) -> int | None:
+    """Ollama's `POST /api/show`: the `num_ctx` it runs the model with, else its default window, never more than the
+    model was trained for."""
+    if not isinstance(data, dict):
+        return None
+    parameters = data.get("parameters") if isinstance(data.get("parameters"), str) else ""
+    configured = re.search(r"^\s*num_ctx\s+(\d+)", parameters, re.MULTILINE)
+    info = data.get("model_info") if isinstance(data.get("model_info"), dict) else {}
+    trained = next((_positive_int(value) for key, value in info.items() if key.endswith(".context_length")), None)
+    if configured:
+        return int(configured.group(1))
+    if trained is None:
+        return None
+    return min(trained, OLLAMA_DEFAULT_CONTEXT_TOKENS)
+
+
+async def discover_context_tokens(http: httpx.AsyncClient, base_url: str, model: str, api_key: str | None) -> int | None:
+    """The context window the server at `base_url` says `model` has, or None when it says nothing we can read."""
+    base = base_url.rstrip("/")
+    root = base.removesuffix("/v1")
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    asks: list[tuple[str, str, dict[str, Any] | None, Callable[[Any], int | None]]] = [
+        ("GET", f"{root}/props", None, _window_in_props),
+        ("GET", f"{base}/models", None, lambda data: _window_in_models(data, model)),
+        ("POST", f"{root}/api/show", {"model": model}, _window_in_ollama_show),
+    ]
+    for method, url, body, read in asks:
+        try:
+            response = await http.request(method, url, json=body, headers=headers, timeout=DISCOVERY_TIMEOUT_SECONDS)
+            if response.status_code == 200 and (found := read(response.json())):
+                return found
+        except (httpx.HTTPError, ValueError):
+            continue  # a server that does not know the path, or says it in a way we cannot read
+    return None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -488,19 +751,29 @@ class LLMClient:
         *,
         http_client: httpx.AsyncClient | None = None,
         on_usage: OnUsage | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.config = config
         self.ledger = UsageLedger()
-        self.quirks = EndpointQuirks()
         self._on_usage = on_usage
+        self._sleep = sleep
         self._owns_http_client = http_client is None
+        self._http = http_client
         self._sdk = openai.AsyncOpenAI(
             api_key=config.api_key or NO_API_KEY_PLACEHOLDER,
             base_url=config.base_url,
             timeout=config.timeout_seconds,
-            max_retries=config.max_retries,
+            max_retries=0,  # retried here, where a request the server may still be working on is never sent again
             http_client=http_client,  # type: ignore[arg-type]  # the SDK accepts httpx as well as httpx2 clients
         )
+
+    @property
+    def quirks(self) -> EndpointQuirks:
+        """What the main model's endpoint has taught this process."""
+        return self.quirks_for(self.config.model)
+
+    def quirks_for(self, model: str) -> EndpointQuirks:
+        return learnt_quirks(self.config.base_url, model)
 
     @property
     def response_format_mode(self) -> ResponseFormatMode:
@@ -516,15 +789,64 @@ class LLMClient:
         return view
 
     async def aclose(self) -> None:
-        """Close the HTTP client if this client created it (a caller's client stays open; views never close)."""
+        """Close the HTTP clients if this client created them (a caller's client stays open; views never close)."""
         if self._owns_http_client:
             await self._sdk.close()
+            if self._http is not None:
+                await self._http.aclose()
 
     async def __aenter__(self) -> "LLMClient":
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+    # -- the context window -------------------------------------------------------------------------------------
+
+    def known_context_tokens(self, *, fast: bool = False) -> int | None:
+        """The model's context window as configured or learnt so far (None: not known, so prompts are not cut)."""
+        return self.config.context_tokens or self.quirks_for(self.config.model_for(fast=fast)).context_tokens
+
+    async def context_tokens(self, *, fast: bool = False) -> int | None:
+        """The model's context window: the setting, else what the server says (asked once per process), else learnt."""
+        if self.config.context_tokens:
+            return self.config.context_tokens
+        model = self.config.model_for(fast=fast)
+        quirks = self.quirks_for(model)
+        if not quirks.context_looked_up:
+            quirks.context_looked_up = True
+            if self._http is None:
+                self._http = httpx.AsyncClient()
+            found = await discover_context_tokens(self._http, self.config.base_url, model, self.config.api_key)
+            quirks.context_tokens = min(found, quirks.context_tokens or found) if found else quirks.context_tokens
+        return quirks.context_tokens
+
+    def prompt_room(self, answer_tokens: int, *, fast: bool = False) -> int | None:
+        """Tokens a prompt may take so that `answer_tokens` still fit the window (None: no known window)."""
+        window = self.known_context_tokens(fast=fast)
+        return None if window is None else max(0, window - answer_tokens - CONTEXT_MARGIN_TOKENS)
+
+    def answer_room(self, max_tokens: int | None, *, fast: bool = False) -> int | None:
+        """`max_tokens`, made to leave at least half the known window for the prompt."""
+        window = self.known_context_tokens(fast=fast)
+        if window is None:
+            return max_tokens
+        return min(max_tokens or window // 2, max(MIN_ANSWER_TOKENS, window // 2))
+
+    def _fitted_max_tokens(self, messages: Sequence[Message], model: str, max_tokens: int | None) -> int | None:
+        """The answer's room within the known window; raises ContextOverflow when the prompt leaves too little."""
+        window = self.config.context_tokens or self.quirks_for(model).context_tokens
+        if window is None:
+            return max_tokens
+        prompt = estimate_prompt_tokens(messages)
+        room = window - prompt - CONTEXT_MARGIN_TOKENS
+        if room < MIN_ANSWER_TOKENS:
+            raise ContextOverflow(
+                f"the prompt (about {prompt:,} tokens) leaves no room for an answer in the model's {window:,}-token "
+                "context window", context_tokens=window)
+        return min(max_tokens, room) if max_tokens else room
+
+    # -- calls ----------------------------------------------------------------------------------------------
 
     async def complete(
         self,
@@ -617,8 +939,9 @@ class LLMClient:
         temperature: float,
     ) -> str:
         """One answer in the best response-format mode the endpoint accepts, stepping down (and remembering) on rejection."""
+        quirks = self.quirks_for(self.config.model_for(fast=fast))
         while True:
-            mode = self.quirks.response_format_mode
+            mode = quirks.response_format_mode
             if mode == "json_schema":
                 request_messages, response_format = list(messages), json_schema_response_format(schema, task)
             else:
@@ -639,7 +962,7 @@ class LLMClient:
             except _ResponseFormatRejected:
                 if mode == "prompt_only":
                     raise LLMError("the LLM endpoint refused every way of asking for JSON") from None
-                self.quirks.step_down_response_format()
+                quirks.step_down_response_format()
 
     async def _chat(
         self,
@@ -653,63 +976,137 @@ class LLMClient:
         on_text: OnText | None = None,
         shown_before: str = "",
     ) -> ChatAnswer:
-        """One chat completion's raw content and finish reason (streamed to `on_text` when given); adapts to
-        parameters the endpoint refuses, records usage, translates errors."""
+        """One chat completion's raw content and finish reason, streamed where the endpoint streams (`on_text` told
+        the visible text as it grows); adapts to what the endpoint refuses, retries what never reached it or was
+        answered with 429/5xx, records usage, translates errors."""
         model = self.config.model_for(fast=fast)
+        quirks = self.quirks_for(model)
         started = time.monotonic()
+        attempt = 0
         while True:
-            arguments = self._arguments(messages, model, max_tokens, temperature, response_format)
+            limit = self._fitted_max_tokens(messages, model, max_tokens)
+            arguments = self._arguments(quirks, messages, model, limit, temperature, response_format)
             try:
-                if on_text is not None:
-                    answer, usage = await self._streamed(arguments, on_text, shown_before)
-                    await self._record_usage(usage, messages, answer.content, task=task, model=model,
-                                             seconds=time.monotonic() - started)
-                    return answer
-                completion = await self._sdk.chat.completions.create(**arguments)
+                if quirks.streams:
+                    answer, usage = await self._streamed(quirks, arguments, on_text, shown_before)
+                else:
+                    answer, usage = await self._whole(arguments)
                 break
+            except _NotStreamed:
+                quirks.streams = False
+                continue
             except openai.APIStatusError as error:
                 rejected = _rejected_parameter(error)
                 if rejected == "response_format" and response_format is not None:
                     raise _ResponseFormatRejected from None
-                if rejected is not None and self.quirks.adapt_to(rejected):
+                if rejected is not None and quirks.adapt_to(rejected):
+                    continue
+                window = context_overflow_window(error)
+                if window is not False:
+                    learnt = quirks.learn_window(window or None, estimate_prompt_tokens(messages) + (limit or 0))
+                    if self.config.context_tokens is None and self._fitted_max_tokens(messages, model, max_tokens) != limit:
+                        continue  # the prompt fits the window now known once the answer's room is cut to match
+                    raise ContextOverflow(
+                        f"the prompt does not fit the model's context window ({learnt:,} tokens)",
+                        context_tokens=learnt, status=error.status_code) from None
+                delay = retry_delay(error, attempt) if attempt < self.config.max_retries else None
+                if delay is not None:
+                    attempt += 1
+                    await self._sleep(delay)
                     continue
                 translated = translate_error(error, self.config, model)
                 raise translated from (None if isinstance(translated, LLMAuthError) else error)
             except openai.OpenAIError as error:
+                delay = retry_delay(error, attempt) if attempt < self.config.max_retries else None
+                if delay is not None:
+                    attempt += 1
+                    await self._sleep(delay)
+                    continue
+                if isinstance(error, openai.APITimeoutError) and delay is None and \
+                        type(error.__cause__).__name__ not in ("ConnectTimeout", "PoolTimeout"):
+                    raise self._timeout("total") from None
                 raise translate_error(error, self.config, model) from error
-        answer = _completion_answer(completion)
-        await self._record_usage(completion.usage, messages, answer.content, task=task, model=model,
+        await self._record_usage(usage, messages, answer.content, task=task, model=model,
                                  seconds=time.monotonic() - started)
         return answer
 
-    async def _streamed(self, arguments: dict[str, Any], on_text: OnText,
+    def _timeout(self, limit: Literal["first_token", "idle", "total"]) -> LLMTimeout:
+        """The error for a limit that fired on a request the server took (and may still be working on)."""
+        config = self.config
+        if limit == "first_token":
+            return LLMTimeout(
+                f"the model sent nothing for {config.first_token_timeout_seconds:g} s (LLM_FIRST_TOKEN_TIMEOUT); it was "
+                "not asked again, since it may still be working on the request", limit="LLM_FIRST_TOKEN_TIMEOUT")
+        if limit == "idle":
+            return LLMTimeout(
+                f"the model stopped sending for {config.idle_timeout_seconds:g} s in the middle of its answer "
+                "(LLM_IDLE_TIMEOUT)", limit="LLM_IDLE_TIMEOUT")
+        return LLMTimeout(
+            f"the model did not answer within {config.timeout_seconds:g} s (LLM_TIMEOUT, for endpoints that do not "
+            "stream); it was not asked again, since it may still be working on the request", limit="LLM_TIMEOUT")
+
+    async def _whole(self, arguments: dict[str, Any]) -> tuple[ChatAnswer, CompletionUsage | None]:
+        """One completion asked for whole, within the total limit."""
+        timeout = openai.Timeout(self.config.timeout_seconds, connect=self.config.connect_timeout_seconds)
+        try:
+            async with asyncio.timeout(self.config.timeout_seconds + self.config.connect_timeout_seconds):
+                completion = await self._sdk.chat.completions.create(**arguments, timeout=timeout)
+        except TimeoutError:
+            raise self._timeout("total") from None
+        return _completion_answer(completion), completion.usage
+
+    async def _streamed(self, quirks: EndpointQuirks, arguments: dict[str, Any], on_text: OnText | None,
                         shown_before: str) -> tuple[ChatAnswer, CompletionUsage | None]:
-        """One completion streamed (server-sent events), `on_text` told each time the visible text (after
-        `shown_before`, for a continuation) grows or changes; `reasoning_content` deltas are never read, as in
-        `_completion_answer`."""
+        """One completion streamed (server-sent events) within the first-token and idle limits; `on_text` told each
+        time the visible text (after `shown_before`, for a continuation) grows or changes; `reasoning_content` deltas
+        count as the model working but are never read, as in `_completion_answer`."""
         streaming = {**arguments, "stream": True}
-        if self.quirks.send_stream_options:
+        if quirks.send_stream_options:
             streaming["stream_options"] = {"include_usage": True}
+        timeout = openai.Timeout(None, connect=self.config.connect_timeout_seconds)
         raw, shown, finish_reason, usage = "", "", None, None
-        stream = await self._sdk.chat.completions.create(**streaming)
-        async with stream:
-            async for chunk in stream:
-                usage = chunk.usage or usage
-                if not chunk.choices:
-                    continue
-                choice = chunk.choices[0]
-                finish_reason = choice.finish_reason or finish_reason
-                if not choice.delta.content:
-                    continue
-                raw += choice.delta.content
-                visible = shown_before + _streamed_continuation(raw) if shown_before else visible_streamed_text(raw)
-                if visible != shown:
-                    shown = visible
-                    await on_text(visible)
+        chunks, writing = 0, False
+        loop = asyncio.get_running_loop()
+        stream = None
+        try:
+            async with asyncio.timeout(self.config.first_token_timeout_seconds) as limit:
+                stream = await self._sdk.chat.completions.create(**streaming, timeout=timeout)
+                async for chunk in stream:
+                    chunks += 1
+                    usage = chunk.usage or usage
+                    choice = chunk.choices[0] if chunk.choices else None
+                    if choice is not None:
+                        finish_reason = choice.finish_reason or finish_reason
+                        extra = choice.delta.model_extra or {}
+                        writing = writing or bool(choice.delta.content or extra.get("reasoning_content")
+                                                  or extra.get("reasoning"))
+                        if choice.delta.content:
+                            raw += choice.delta.content
+                            visible = shown_before + _streamed_continuation(raw) if shown_before else visible_streamed_text(raw)
+                            if on_text is not None and visible != shown:
+                                shown = visible
+                                await on_text(visible)
+                    if writing:
+                        limit.reschedule(loop.time() + self.config.idle_timeout_seconds)
+        except TimeoutError:
+            raise self._timeout("idle" if writing else "first_token") from None
+        except openai.APIStatusError:
+            raise
+        except openai.APIError as error:
+            if chunks == 0:
+                raise
+            # The answer broke off after it began: the server is no longer working on it, and what came is unusable.
+            raise LLMUnavailable(f"the LLM endpoint broke off its answer ({type(error).__name__})") from None
+        finally:
+            if stream is not None:
+                await stream.close()  # a request we stopped reading is also a connection the server sees closed
+        if chunks == 0 and stream is not None and "event-stream" not in stream.response.headers.get("content-type", ""):
+            raise _NotStreamed
         return ChatAnswer(content=raw, finish_reason=finish_reason), usage
 
     def _arguments(
         self,
+        quirks: EndpointQuirks,
         messages: Sequence[Message],
         model: str,
         max_tokens: int | None,
@@ -717,13 +1114,13 @@ class LLMClient:
         response_format: dict[str, Any] | None,
     ) -> dict[str, Any]:
         arguments: dict[str, Any] = {"model": model, "messages": list(messages)}
-        if self.quirks.send_temperature:
+        if quirks.send_temperature:
             arguments["temperature"] = temperature
         if max_tokens is not None:
-            arguments[self.quirks.token_limit_parameter] = max_tokens
+            arguments[quirks.token_limit_parameter] = max_tokens
         if response_format is not None:
             arguments["response_format"] = response_format
-        if self.config.reasoning_effort and self.quirks.send_reasoning_effort:
+        if self.config.reasoning_effort and quirks.send_reasoning_effort:
             arguments["reasoning_effort"] = self.config.reasoning_effort
         return arguments
 

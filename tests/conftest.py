@@ -29,6 +29,16 @@ def isolated_environment(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pyte
     monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
 
 
+@pytest.fixture(autouse=True)
+def new_process_knowledge() -> Iterator[None]:
+    """Each test starts as a new process would: no endpoint quirks learnt by an earlier test."""
+    from research.llm import forget_learnt_quirks
+
+    forget_learnt_quirks()
+    yield
+    forget_learnt_quirks()
+
+
 @pytest.fixture
 def sqlite_engine() -> Iterator[Engine]:
     engine = make_engine("sqlite://")

@@ -25,6 +25,9 @@ def llm_config(settings: Settings) -> LLMConfig:
         fast_model=settings.llm_fast_model, price_input_per_mtok=settings.llm_price_input_per_mtok,
         price_output_per_mtok=settings.llm_price_output_per_mtok,
         max_output_tokens=settings.llm_max_output_tokens, reasoning_effort=settings.llm_reasoning_effort or None,
+        connect_timeout_seconds=settings.llm_connect_timeout, first_token_timeout_seconds=settings.llm_first_token_timeout,
+        idle_timeout_seconds=settings.llm_idle_timeout, timeout_seconds=settings.llm_timeout,
+        context_tokens=settings.llm_context_tokens,
     )
 
 

@@ -15,6 +15,7 @@ from research.llm import (
     LLMClient,
     LLMConfig,
     LLMError,
+    LLMTimeout,
     LLMUnavailable,
     StructuredOutputError,
     UsageRecord,
@@ -381,17 +382,20 @@ async def test_unknown_model_names_the_model() -> None:
         await client_for(fake, model="gpt-9").complete(QUESTION, task="chat")
 
 
-async def test_timeout_raises_llm_unavailable() -> None:
+async def test_a_first_token_that_never_comes_raises_llm_unavailable_naming_the_setting() -> None:
     fake = FakeLLM(timing_out(5.0))
 
-    with pytest.raises(LLMUnavailable, match="0.1 s"):
-        await client_for(fake, timeout_seconds=0.1, max_retries=0).complete(QUESTION, task="chat")
+    with pytest.raises(LLMUnavailable, match="0.1 s.*LLM_FIRST_TOKEN_TIMEOUT"):
+        await client_for(fake, first_token_timeout_seconds=0.1, max_retries=0).complete(QUESTION, task="chat")
 
 
-async def test_timeout_is_retried_by_the_sdk() -> None:
+async def test_a_request_the_server_took_and_did_not_answer_in_time_is_never_sent_again() -> None:
     fake = FakeLLM(in_order(FakeReply("late", delay=5.0), "on time"))
 
-    assert await client_for(fake, timeout_seconds=0.1, max_retries=1).complete(QUESTION, task="chat") == "on time"
+    with pytest.raises(LLMTimeout):
+        await client_for(fake, first_token_timeout_seconds=0.1, max_retries=3).complete(QUESTION, task="chat")
+
+    assert len(fake.requests) == 1
 
 
 async def test_connection_refused_raises_llm_unavailable() -> None:
@@ -419,7 +423,7 @@ async def test_base_url_is_honoured_over_a_loopback_server() -> None:
 
 async def test_timeout_over_a_loopback_server_raises_llm_unavailable() -> None:
     with FakeLLM(timing_out(0.5)).start() as fake:
-        async with LLMClient(fake.config(timeout_seconds=0.1, max_retries=0)) as client:
+        async with LLMClient(fake.config(first_token_timeout_seconds=0.1, max_retries=0)) as client:
             with pytest.raises(LLMUnavailable):
                 await client.complete(QUESTION, task="chat")
 
