@@ -31,7 +31,7 @@ from bot.conversation.core import ConversationCore
 from bot.conversation.events import ChatEvent
 from bot.conversation.history import run_history
 from chat.message import MessageRef, Place
-from chat.console.messenger import ConsoleMessenger, renderable_for
+from chat.console.messenger import ConsoleMessenger, print_unbroken, renderable_for
 from chat.console.render import ConsoleRenderer
 from chat.history import mode_name
 from chat.state import RunProgress, initial_progress, progress_of_stored_run
@@ -250,9 +250,9 @@ class TerminalChat:
         elif command.name == "runs":
             lines = await asyncio.to_thread(recent_runs, self.sessions, RUNS_LIMIT)
             for line in [RUNS_HEADER, *lines] if lines else ["No runs yet."]:
-                self.console.print(Text(line), soft_wrap=True)
+                print_unbroken(self.console, Text(line))
         elif command.name == "export":
-            self.console.print(await asyncio.to_thread(self._export, command.arguments), soft_wrap=True)
+            print_unbroken(self.console, await asyncio.to_thread(self._export, command.arguments))
         else:
             self.console.print(Text(f"Unknown command {command.word}. Type /help for the commands."))
 
@@ -293,7 +293,7 @@ class TerminalChat:
                 status = MessageRef.model_validate(run.status_message)
                 progress = initial_progress(run_id=run.id, mode=run.mode, question=run.question,
                                             requested_by=run.requested_by)
-            self.console.print(Text(f"Run {run_id} · {mode_name(progress.mode)}", style="dim"))
+            print_unbroken(self.console, Text(f"Run {run_id} · {mode_name(progress.mode)}", style="dim"))
             while True:
                 progress, run = await asyncio.to_thread(self._progress, run_id, progress)
                 await self.messenger.edit(status, self.renderer.status(progress, now=_now()))
@@ -303,7 +303,8 @@ class TerminalChat:
                     await draft.show(await asyncio.to_thread(self.answer_drafts, run_id))
                 if run.state == "queued" and not watch.told:
                     if watch.should_tell(bool(await asyncio.to_thread(self.workers_alive))):
-                        self.console.print(renderable_for(self.renderer.reply(self.no_worker)))
+                        # The notice may name the worker's log file.
+                        print_unbroken(self.console, renderable_for(self.renderer.reply(self.no_worker)))
                 await self.sleep(POLL_SECONDS)
         finally:
             loop.remove_signal_handler(signal.SIGINT)

@@ -4,7 +4,8 @@ A message whose content has `extra["live"]` set (a run's status) is kept in a li
 terminal (rich's `Live`) and redrawn on every edit; other messages are printed above it. On a console that is not a
 terminal (a pipe, a file) the live region is drawn once, in its final state, when the messenger closes. The
 content's `extra["rich"]` may carry a ready rich renderable; `extra["format"] == "markdown"` prints the text as
-Markdown; otherwise the text is printed as it is, never read as rich markup.
+Markdown; otherwise the text is printed as it is, never read as rich markup. A line that names a path or an id is
+printed whole (`print_unbroken`): rich would break it inside the name at the console's width.
 """
 
 from __future__ import annotations
@@ -34,6 +35,23 @@ def renderable_for(content: Content) -> RenderableType:
     if content.extra.get(FORMAT) == "markdown":
         return Markdown(content.text)
     return Text(content.text)
+
+
+def print_unbroken(console: Console, line: RenderableType) -> None:
+    """Print a line that names a path or an id as one line, never wrapped or cropped: on a narrow terminal it runs past
+    the edge, so the name stays whole (and copies whole)."""
+    console.print(line, soft_wrap=True)
+
+
+def file_heading(console: Console, name: str) -> None:
+    """A rule titled with the file's name, or the name on a line of its own when a rule would cut it short."""
+    title = Text(f"📎 {name}")
+    # rich's Rule leaves 4 columns for its ends and cuts a longer title with an ellipsis.
+    if title.cell_len + 4 <= console.width:
+        console.print(Rule(title))
+        return
+    print_unbroken(console, title)
+    console.print(Rule())
 
 
 class ConsoleMessenger:
@@ -86,9 +104,9 @@ class ConsoleMessenger:
             self.save_directory.mkdir(parents=True, exist_ok=True)
             path = self.save_directory / Path(upload.filename).name
             path.write_bytes(upload.data)
-            self.console.print(Text(f"📎 {title}: {len(upload.data):,} bytes saved to {path}"))
+            print_unbroken(self.console, Text(f"📎 {title}: {len(upload.data):,} bytes saved to {path}"))
         else:
-            self.console.print(Rule(Text(f"📎 {upload.filename}")))
+            file_heading(self.console, upload.filename)
             text = upload.data.decode("utf-8", errors="replace")
             self.console.print(Markdown(text) if upload.filename.endswith(".md") else Text(text))
             self.console.print(Rule())

@@ -9,7 +9,8 @@ from rich.console import Console
 from rich.text import Text
 
 from chat.message import Content, FileUpload, Place
-from chat.console.messenger import ConsoleMessenger
+from chat.console.messenger import ConsoleMessenger, print_unbroken, renderable_for
+from chat.console.render import ConsoleRenderer
 
 PLACE = Place(platform="cli", workspace="local", channel="terminal", thread="run-1")
 
@@ -103,7 +104,26 @@ async def test_upload_saves_the_file_and_says_where(tmp_path: Path) -> None:
     await messenger.upload(PLACE, FileUpload(filename="../report.md", data=b"# Full report\n", title="Full report"))
     saved = tmp_path / "reports" / "report.md"
     assert saved.read_bytes() == b"# Full report\n"
-    assert "report.md" in output.getvalue()
+    assert str(saved) in output.getvalue()
+
+
+async def test_a_saved_path_wider_than_the_console_is_printed_whole_on_one_line(tmp_path: Path) -> None:
+    console, output = make_console(terminal=False)
+    directory = tmp_path / ("long-directory-name-" * 6) / "reports"
+    messenger = ConsoleMessenger(console, save_directory=directory)
+    await messenger.upload(PLACE, FileUpload(filename="report.md", data=b"# Full report\n", title="Full report"))
+    saved = directory / "report.md"
+    assert len(str(saved)) > console.width
+    [line] = [line for line in output.getvalue().splitlines() if "saved to" in line]
+    assert line.endswith(f"saved to {saved}")
+
+
+async def test_a_file_name_wider_than_the_console_is_shown_whole() -> None:
+    console, output = make_console(terminal=False)
+    name = "a-report-with-a-very-long-name-" * 4 + ".txt"
+    await ConsoleMessenger(console).upload(PLACE, FileUpload(filename=name, data=b"the text\n"))
+    assert len(name) > console.width
+    assert f"📎 {name}" in output.getvalue().splitlines()
 
 
 async def test_upload_without_a_directory_prints_the_whole_file() -> None:
@@ -112,3 +132,11 @@ async def test_upload_without_a_directory_prints_the_whole_file() -> None:
     await messenger.upload(PLACE, FileUpload(filename="notes.txt", data="line one\nline two\n".encode()))
     printed = output.getvalue()
     assert "notes.txt" in printed and "line one" in printed and "line two" in printed
+
+
+def test_a_notice_naming_a_long_path_keeps_the_path_whole() -> None:
+    console, output = make_console(terminal=False)
+    log = "/var/lib/deepthread/" + "logs-of-the-worker/" * 5 + "worker.log"
+    notice = ConsoleRenderer().reply(f"The worker is not answering yet: its log is {log}.")
+    print_unbroken(console, renderable_for(notice))
+    assert f"its log is {log}." in output.getvalue()
