@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
-from research.phases.decompose import Decomposition, SubQuestion
+from research.phases.decompose import Decomposition, fallback, usable_queries
 
 
 class StrategyStep(BaseModel):
@@ -26,7 +26,8 @@ class ResearchPlan(BaseModel):
 
 
 def plan_as_decomposition(plan: ResearchPlan | Decomposition | dict[str, Any]) -> Decomposition:
-    """The plan as the engine's decomposition: each key question with its share of the searches."""
+    """The plan as the engine's decomposition: each key question with its share of the searches, the model's queries
+    cleaned (`clean_query`); with nothing searchable left, the plan's query as it stands."""
     if isinstance(plan, Decomposition):
         return plan
     if isinstance(plan, dict):
@@ -35,15 +36,17 @@ def plan_as_decomposition(plan: ResearchPlan | Decomposition | dict[str, Any]) -
         plan = ResearchPlan.model_validate(plan)
     questions = plan.key_questions[:5]
     queries: list[list[str]] = [[] for _ in questions]
-    for index, step in enumerate(plan.search_strategy):
+    # Cleaned before they are shared out, so that a copied marker takes no key question's place.
+    for index, query in enumerate(usable_queries([step.query for step in plan.search_strategy])):
         bucket = queries[index % len(questions)]
         if len(bucket) < 3:
-            bucket.append(step.query)
-    return Decomposition(
-        sub_questions=[SubQuestion(question=question, queries=bucket or [question])
-                       for question, bucket in zip(questions, queries)],
-        outline=list(questions),
-    )
+            bucket.append(query)
+    sub_questions = [{"question": question, "queries": bucket or [question]} for question, bucket in zip(questions, queries)]
+    try:
+        return Decomposition.model_validate({"sub_questions": sub_questions, "outline": list(questions)})
+    except ValidationError:
+        # The person approved this plan: its query is searched even when every key question and search was unusable.
+        return fallback(plan.query)
 
 
 def render_plan_markdown(plan: ResearchPlan) -> str:

@@ -5,13 +5,16 @@ from __future__ import annotations
 import datetime as dt
 import re
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator
 
 from research.llm import LLMClient, StructuredOutputError
+from research.phases.search import clean_query
 from research.prompts import system_prompt
 
 URL_PATTERN = re.compile(r"https?://[^\s<>\"'`)\]]+", re.IGNORECASE)
 MAX_QUERY_CHARS = 300
+NO_SEARCHABLE_QUERY = ("no searchable query: each was empty, a citation marker or words addressed to an AI, and so was "
+                       "the sub-question; write plain search words")
 
 
 class SubQuestion(BaseModel):
@@ -29,10 +32,11 @@ class SubQuestion(BaseModel):
 
     @field_validator("queries")
     @classmethod
-    def _clean_queries(cls, queries: list[str]) -> list[str]:
-        cleaned = [query.strip()[:MAX_QUERY_CHARS] for query in queries if query.strip()]
+    def _clean_queries(cls, queries: list[str], info: ValidationInfo) -> list[str]:
+        """The model's queries cleaned (`clean_query`); none left, the sub-question's own words are searched."""
+        cleaned = usable_queries(queries) or usable_queries([info.data.get("question", "")])
         if not cleaned:
-            raise ValueError("at least one non-empty query")
+            raise ValueError(NO_SEARCHABLE_QUERY)
         return cleaned
 
 
@@ -41,6 +45,30 @@ class Decomposition(BaseModel):
 
     sub_questions: list[SubQuestion] = Field(min_length=1, max_length=5)
     outline: list[str] = Field(default_factory=list, max_length=8)
+
+    @field_validator("sub_questions", mode="before")
+    @classmethod
+    def _drop_unsearchable(cls, sub_questions: object) -> object:
+        """Sub-questions with nothing searchable are dropped while others remain; with none left, validation says why."""
+        if not isinstance(sub_questions, list):
+            return sub_questions
+        return [sub for sub in sub_questions if not _unsearchable(sub)] or sub_questions
+
+
+def usable_queries(texts: list[str]) -> list[str]:
+    """The model-written `texts` that are still searchable once cleaned (`clean_query`), cut to the length limit."""
+    cleaned = (clean_query(text) for text in texts)
+    return [query[:MAX_QUERY_CHARS] for query in cleaned if query is not None]
+
+
+def _unsearchable(sub_question: object) -> bool:
+    """Whether a raw sub-question has no usable query and no usable words of its own (other shapes fail validation)."""
+    if not isinstance(sub_question, dict):
+        return False
+    question, queries = sub_question.get("question"), sub_question.get("queries")
+    if not isinstance(question, str) or not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
+        return False
+    return not usable_queries([*queries, question])
 
 
 def priority_urls(question: str) -> list[str]:
@@ -61,7 +89,9 @@ def question_as_query(question: str) -> str:
 
 def fallback(question: str) -> Decomposition:
     """The question itself as the one sub-question and the one query."""
-    return Decomposition(sub_questions=[SubQuestion(question=question, queries=[question_as_query(question)])])
+    # Built without validation: the person's own words are searched as written; only a model's queries are cleaned.
+    own_words = SubQuestion.model_construct(question=question.strip(), queries=[question_as_query(question)])
+    return Decomposition(sub_questions=[own_words])
 
 
 async def decompose(question: str, *, llm: LLMClient, today: dt.date, context: str | None = None) -> tuple[Decomposition, bool]:
@@ -69,7 +99,7 @@ async def decompose(question: str, *, llm: LLMClient, today: dt.date, context: s
     user = f"Question:\n{question}"
     if context:
         user = f"Earlier conversation (for context):\n{context}\n\n{user}"
-    messages = [{"role": "system", "content": system_prompt("decompose", today)}, {"role": "user", "content": user}]
+    messages = [{"role": "system", "content": system_prompt("decompose", today, cites=False)}, {"role": "user", "content": user}]
     try:
         return await llm.structured(messages, Decomposition, task="decomposition", fast=True), False
     except StructuredOutputError:

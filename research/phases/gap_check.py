@@ -9,8 +9,9 @@ from pydantic import BaseModel, Field
 from research.llm import LLMClient, StructuredOutputError
 from research.models import Passage
 from research.phases.decompose import Decomposition
+from research.phases.search import clean_query
 from research.prompts import system_prompt
-from research.untrusted import fence_passages
+from research.untrusted import distinctive_words, fence_passages
 
 MAX_NEW_QUERIES = 3
 
@@ -35,14 +36,20 @@ async def check_gaps(
     titles: dict[str, tuple[str, str]],
     llm: LLMClient,
     today: dt.date,
+    tainted: frozenset[str] = frozenset(),
 ) -> list[str]:
-    """More queries to run, or none when coverage is judged enough (or the model cannot say)."""
+    """More queries to run, or none when coverage is judged enough (or the model cannot say); each cleaned
+    (`clean_query`), and left out when it carries a `tainted` word (one a page addressed to the AI reading it)."""
     shown = fence_passages(passages, titles)
     sub_questions = "\n".join(f"- {sub.question}" for sub in plan.sub_questions)
     user = f"Question:\n{question}\n\nSub-questions:\n{sub_questions}\n\nPassages gathered so far:\n{shown or '(none)'}"
-    messages = [{"role": "system", "content": system_prompt("gap_check", today)}, {"role": "user", "content": user}]
+    messages = [{"role": "system", "content": system_prompt("gap_check", today, cites=False)}, {"role": "user", "content": user}]
     try:
         verdict = await llm.structured(messages, GapVerdict, task="gap_check", fast=True)
     except StructuredOutputError:
         return []
-    return [query.strip() for query in verdict.more_queries if query.strip()][:MAX_NEW_QUERIES]
+    # Words of the question and of the plan were written before any page was read: a page cannot have planted them.
+    planned = " ".join([question, *(part for sub in plan.sub_questions for part in (sub.question, *sub.queries))])
+    page_words = tainted - distinctive_words(planned)
+    cleaned = (clean_query(query, tainted=page_words) for query in verdict.more_queries)
+    return [query for query in cleaned if query is not None][:MAX_NEW_QUERIES]

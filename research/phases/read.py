@@ -1,10 +1,16 @@
-"""Read: main text out of each fetched page (extraction starts as each page arrives), chunked into passages `pN`, ranked per sub-question."""
+"""Read: main text out of each fetched page (extraction starts as each page arrives), chunked into passages `pN`, ranked per sub-question.
+
+Every passage is made from text whose sentences addressed to an AI are replaced by a marker (`defuse_injections`),
+so the model is never shown, and never cites, an order planted in a page.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from concurrent.futures import Executor
+from typing import NamedTuple
 
 from research.budget import ResearchOptions
 from research.cpu import run_cpu
@@ -13,6 +19,7 @@ from research.models import Document, FetchResult, Passage, SearchResult
 from research.passages import assign_passage_ids
 from research.phases.decompose import Decomposition
 from research.rank import rank_passages_for_queries, select_passages
+from research.untrusted import defuse_injections
 
 logger = logging.getLogger(__name__)
 
@@ -67,15 +74,42 @@ class PageReader:
         self._extracting.clear()
 
 
+class ReadPassages(NamedTuple):
+    """Passages made from pages, and the distinctive words of the page text addressed to an AI that they leave out."""
+
+    passages: list[Passage]
+    tainted_words: frozenset[str]
+
+
+def defused(documents: Sequence[tuple[str, Document]]) -> tuple[list[tuple[str, Document]], frozenset[str]]:
+    """Each (source id, document) with its sentences addressed to an AI replaced by a marker, and those sentences'
+    distinctive words; passage offsets then count in the defused text."""
+    kept: list[tuple[str, Document]] = []
+    tainted: set[str] = set()
+    for source_id, document in documents:
+        text, words = defuse_injections(document.text)
+        kept.append((source_id, document if text == document.text else document.model_copy(update={"text": text})))
+        tainted |= words
+    return kept, frozenset(tainted)
+
+
+def read_passages(documents: dict[str, Document], *, first_number: int) -> ReadPassages:
+    """Passages of `documents` in source order, numbered from `first_number`, made from defused text (`defused`),
+    with the words that no query the model writes later may carry."""
+    ordered, tainted = defused(sorted(documents.items(), key=lambda item: int(item[0][1:])))
+    return ReadPassages(assign_passage_ids(ordered, first_number=first_number), tainted)
+
+
 def passages_for(documents: dict[str, Document], *, first_number: int) -> list[Passage]:
-    """Passages of `documents` in source order, numbered from `first_number`."""
-    ordered = sorted(documents.items(), key=lambda item: int(item[0][1:]))
-    return assign_passage_ids(ordered, first_number=first_number)
+    """Passages of `documents` in source order, numbered from `first_number`, made from defused text."""
+    return read_passages(documents, first_number=first_number).passages
 
 
 def snippet_passages(sources: list[SearchResult]) -> list[Passage]:
-    """When no page could be read: the search snippets as passages, marked as snippets."""
-    return assign_passage_ids(snippet_documents(sources))
+    """When no page could be read: the search snippets as passages, marked as snippets, made from defused text."""
+    # Snippets stand in only once gathering is over: no query follows that their words could steer.
+    documents, _tainted = defused(snippet_documents(sources))
+    return assign_passage_ids(documents)
 
 
 def select_for_synthesis(plan: Decomposition | None, passages: list[Passage], options: ResearchOptions) -> list[Passage]:

@@ -1,15 +1,47 @@
 """Search: each query of the round to the router (fallback or fan-out), results deduplicated as `sN`.
 
 The question itself is searched while decomposition runs (`QuestionSearch`); its results join the first round's.
+Queries a model wrote pass through `clean_query` first; the person's own question never does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import re
 
 from research.models import SearchQuery, SearchResult
 from research.providers import NoSearchProviderError, SearchRouter
+from research.untrusted import REMOVED_MARKER, addresses_ai, distinctive_words
+
+# One cited id as a model copies it: `p3`, `3`, `^1`, `source 2`, `source: p3`, `4†source`.
+_CITED_ID = (r"(?:\^|#)?\s*(?:(?:p|s|source|sources|passage|passages|ref|refs|cite|citation|doc|document|result)"
+             r"\s*[:#.]?\s*){0,2}\d+(?:†[^\]】]*)?")
+_CITED_IDS = rf"{_CITED_ID}(?:\s*(?:[,;/–—-]|and)?\s*{_CITED_ID})*"
+# Bare numbers are markers inside square brackets only: `(2024)` in a query is a year.
+_LABELLED_ID = r"(?:p|s|source|passage|ref)\s*[:#.]?\s*\d+"
+_LABELLED_IDS = rf"{_LABELLED_ID}(?:\s*(?:[,;/–—-]|and)?\s*{_LABELLED_ID})*"
+CITATION_MARKER = re.compile(
+    rf"[\[［【〔〖]\s*{_CITED_IDS}\s*[\]］】〕〗]|[(（<＜〈«{{]\s*{_LABELLED_IDS}\s*[)）>＞〉»}}]",
+    re.IGNORECASE,
+)
+# A passage's marker of removed text, copied with or without its brackets.
+_REMOVED_MARKER = re.compile(rf"\[?\s*{re.escape(REMOVED_MARKER.strip('[]'))}\s*\]?", re.IGNORECASE)
+_SPACE_BEFORE_PUNCTUATION = re.compile(r"\s+([?!.,;:])")  # left where a marker was cut out: "costs [p3]?"
+_EDGES = " \t,;:|/-–—·•"
+
+
+def clean_query(text: str, *, tainted: frozenset[str] = frozenset()) -> str | None:
+    """A query a model wrote, without the citation markers it copied and with its whitespace collapsed; None when
+    nothing searchable is left, when it holds words addressed to an AI, or when it carries a `tainted` word (a word
+    that a page addressed to the AI reading it)."""
+    query = CITATION_MARKER.sub(" ", _REMOVED_MARKER.sub(" ", text))
+    query = _SPACE_BEFORE_PUNCTUATION.sub(r"\1", " ".join(query.split())).strip(_EDGES)
+    if not any(character.isalpha() for character in query):
+        return None
+    if addresses_ai(query) or distinctive_words(query) & tainted:
+        return None
+    return query
 
 
 def query_key(text: str) -> str:

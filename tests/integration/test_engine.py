@@ -15,7 +15,7 @@ from research.budget import CancelToken
 from research.events import TERMINAL_TYPES
 from research.models import Passage, SearchResult
 from research.report import Report, audit_line, render_html, render_markdown
-from research.untrusted import parse_fenced_sources
+from research.untrusted import REMOVED_MARKER, parse_fenced_sources
 from tests.fakes.corpus import INJECTION, QUESTION, Corpus, numbers_in, options
 from tests.fakes.llm import (
     ChatRequest,
@@ -264,17 +264,18 @@ def test_cancel_during_fetch_aborts_at_once_and_keeps_what_was_found() -> None:
     assert markdown.startswith(f"# Research stopped: {QUESTION}\n") and "[Research stopped by user]" not in markdown
 
 
-def test_injected_instructions_reach_the_model_only_inside_the_untrusted_fence() -> None:
+def test_a_page_s_instructions_never_reach_the_model_and_its_other_text_only_inside_the_untrusted_fence() -> None:
     seen: list[str] = []
 
     def guarded(request: ChatRequest) -> Any:
         for message in request.raw["messages"]:
             content = message["content"]
-            if INJECTION in content:
+            assert INJECTION not in content, "a page's instructions reached the model"
+            if REMOVED_MARKER in content:
                 outside = content
                 for fenced in parse_fenced_sources(content):
                     outside = outside.replace(fenced.text, "")
-                assert INJECTION not in outside, "page text reached the model outside the fence"
+                assert REMOVED_MARKER not in outside, "page text reached the model outside the fence"
                 assert message["role"] == "user"
                 seen.append(request.schema_name or "text")
         return default_research_model(request)
@@ -284,7 +285,7 @@ def test_injected_instructions_reach_the_model_only_inside_the_untrusted_fence()
         errors = corpus.llm.handler_errors
     recorder.assert_contract()
     assert not errors
-    assert seen, "the injected page never reached the model"
+    assert seen, "the page that carried the instructions never reached the model"
     assert report is not None
 
 
