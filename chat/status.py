@@ -16,9 +16,11 @@ STATUS_LINE_LIMIT = 500
 PROGRESS_BAR_CELLS = 10
 PHASE_MARKS = {"done": "✅", "current": "⏳", "waiting": "▫️", "failed": "❌"}
 COUNT_LABELS = (("sub_questions", "sub-question", "sub-questions"), ("results", "result", "results"),
-                ("pages_read", "page read", "pages read"), ("passages", "passage", "passages"))
+                ("pages_read", "page read", "pages read"), ("passages", "passage", "passages"),
+                ("words_written", "word written", "words written"))
 SEPARATOR = " · "
 VERBS = {"plan": "Planning", "chat": "Answering", "followup": "Answering"}
+PARTIAL = "Partial"
 
 
 @dataclass(frozen=True)
@@ -97,11 +99,12 @@ def ending(progress: RunProgress, markup: Markup, *, stop_hint: str) -> str:
         return f"{stop_hint} to stop the research and keep what it found."
     if state == "done":
         audit = _line(progress.audit_line, markup)
-        lines = [f"✅ {markup.bold('Done')}" + (f" — {audit}" if audit else "")]
-        if progress.partial:
-            reason = _line(progress.partial_reason, markup).rstrip(".")
-            lines.append(f"⚠️ Partial report{': ' + reason if reason else ''}.")
-        return "\n".join(lines)
+        if not progress.partial:
+            return f"✅ {markup.bold('Done')}" + (f" — {audit}" if audit else "")
+        # A partial run did not finish what was asked: it never reads "Done".
+        reason = _line(progress.partial_reason, markup).rstrip(".")
+        partial = f"⚠️ {markup.bold(PARTIAL)}" + (f" — {reason}" if reason else "")
+        return f"{partial}\n{audit}" if audit else partial
     if state == "cancelled":
         return f"🛑 {markup.bold('Stopped')}" + (f" by {markup.mention(progress.cancelled_by)}" if progress.cancelled_by else "")
     if state == "timed_out":

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from research.report import (Report, ReportSource, ai_framing_line, audit_line, partial_notice, safe_http_url,
-                             split_title, usage_line)
+from research.report import Report, ReportSource, safe_http_url, split_title
+from research.report import footer_lines as footer_lines  # the renderers take it from here with the other helpers
 
 # Coarsest first: lines, sentences, words (paragraphs come before these where a caller splits whole documents).
 SEPARATORS = ("\n", ". ", " ")
@@ -111,10 +111,6 @@ def title_and_body(report: Report) -> tuple[str, str]:
     return single_line(own_title or report.title), (rest if own_title else report.body_markdown).strip("\n")
 
 
-def footer_lines(report: Report) -> list[str]:
-    """The lines under a report: who wrote it (an AI, which model), the partial notice, the citation audit, the usage."""
-    return [line for line in (ai_framing_line(report), partial_notice(report), audit_line(report), usage_line(report))
-            if line]
 
 
 def markdown_source_link(source: ReportSource, escape: Convert) -> str:

@@ -44,17 +44,24 @@ class ReportSource(BaseModel):
 
 
 class CitedPassage(BaseModel):
-    """The text of a passage the report cites, kept so that a reader can check the claim."""
+    """The text of a passage the report cites, kept so that a reader can check the claim.
+
+    `added_by_audit` is True when the audit, not the model, cited it for sentences the model left uncited: those
+    sentences are in `added_to` (as plain text), and the passage states each of them (research.audit).
+    """
 
     id: str
     source_id: str
     source_number: int
     text: str
     is_snippet: bool = False
+    added_by_audit: bool = False
+    added_to: list[str] = Field(default_factory=list)
 
 
 class AuditFigures(BaseModel):
-    """What the citation audit found; `sentences_total` counts factual (claim) sentences only."""
+    """What the citation audit found; `sentences_total` counts claims only (research.audit.sentences says which
+    lines are), `citations_added` the cites the audit gave uncited claims that a shown passage clearly states."""
 
     sentences_total: int = 0
     sentences_verified: int = 0
@@ -64,6 +71,7 @@ class AuditFigures(BaseModel):
     citations_removed: int = 0
     fabricated_removed: int = 0
     judged_by_llm: int = 0
+    citations_added: int = 0
 
 
 class UsageSummary(BaseModel):
@@ -103,6 +111,8 @@ class Report(BaseModel):
     stopped_by_user: bool = False
     plan: dict[str, Any] | None = None
     model: str | None = None  # the LLM that wrote it, named in the honest-framing line
+    # What the reader should know about how it was made, in plain words (e.g. passages left out to fit the model).
+    notes: list[str] = Field(default_factory=list)
     created_at: dt.datetime = Field(default_factory=_now)
 
     @model_validator(mode="after")
@@ -206,6 +216,8 @@ def audit_line(report: Report) -> str:
         parts.append(f"{_plural(audit.fabricated_removed, 'fabricated citation')} removed")
     if audit.sentences_unverified:
         parts.append(f"{_plural(audit.sentences_unverified, 'sentence')} unverified")
+    if audit.citations_added:
+        parts.append(f"{_plural(audit.citations_added, 'citation')} added by the audit")
     parts.extend(f"{provider} skipped: {reason}" for provider, reason in report.skipped_providers.items())
     return SEPARATOR.join(parts)
 
@@ -229,12 +241,28 @@ def usage_line(report: Report) -> str:
 
 
 def ai_framing_line(report: Report) -> str:
-    """The line that says an AI wrote this (naming the model when known) and what it was written from."""
+    """The line that says an AI wrote this (naming the model when known) and what it was written from: the sources
+    listed; pages the run read but the report does not cite; or no web source at all."""
     model = _single_line(report.model or "")
     author = f"Written by AI ({model})" if model else "Written by AI"
     if report.sources:
         return f"{author} from the sources listed — check the citations."
+    if report.usage.pages_fetched:
+        return (f"{author} after reading {_plural(report.usage.pages_fetched, 'web page')}, but it cites none of them "
+                "— check it before relying on it.")
     return f"{author} without web sources — check it before relying on it."
+
+
+def note_lines(report: Report) -> list[str]:
+    """The report's notes on how it was made (e.g. passages left out to fit the model), one line each."""
+    return [f"ℹ️ {_single_line(note)}" for note in report.notes if note.strip()]
+
+
+def footer_lines(report: Report) -> list[str]:
+    """The lines under a report: who wrote it (an AI, which model), the partial notice, notes on how it was made,
+    the citation audit, the usage."""
+    return [line for line in (ai_framing_line(report), partial_notice(report), *note_lines(report), audit_line(report),
+                              usage_line(report)) if line]
 
 
 def partial_notice(report: Report) -> str | None:
@@ -274,9 +302,7 @@ def render_markdown(report: Report) -> str:
     if report.sources:
         # Two trailing spaces make a hard line break, so each source stays on its own line everywhere.
         sections.append("## Sources\n\n" + "  \n".join(_markdown_source_line(source) for source in report.sources))
-    footer = [line for line in (ai_framing_line(report), partial_notice(report), audit_line(report),
-                                usage_line(report)) if line]
-    sections.append("---\n\n" + "  \n".join(footer))
+    sections.append("---\n\n" + "  \n".join(footer_lines(report)))
     if stopped := stopped_line(report):
         sections.append(stopped)
     return "\n\n".join(sections) + "\n"
@@ -550,6 +576,7 @@ def _html_source_item(source: ReportSource, passages: Sequence[CitedPassage]) ->
 def _html_footer(report: Report) -> str:
     lines = [f'<p class="ai-framing">{_escape(ai_framing_line(report))}</p>']
     lines.extend(f'<p class="partial">{_escape(notice)}</p>' for notice in [partial_notice(report)] if notice)
+    lines.extend(f'<p class="note">{_escape(note)}</p>' for note in note_lines(report))
     if audit_line(report):
         lines.append(f'<p class="audit">{_escape(audit_line(report))}</p>')
     lines.append(f'<p class="usage">{_escape(usage_line(report))}</p>')

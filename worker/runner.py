@@ -262,7 +262,7 @@ def _record_findings(session: Session, run: Run, state: engine.ResearchState) ->
     if state.audit is not None:
         for verdict in state.audit.citations:
             session.add(Citation(run_id=run.id, passage=passage_rows.get(verdict.passage_id) if verdict.passage_id else None,
-                                 sentence=verdict.sentence, verdict=verdict.verdict))
+                                 sentence=verdict.sentence, verdict=verdict.stored_verdict))
 
 
 def _finish(sessions: sessionmaker[Session], run_id: int, attempt: int, final_state: str, state: engine.ResearchState,

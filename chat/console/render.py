@@ -63,13 +63,16 @@ def _footer(progress: RunProgress, you: str | None) -> str:
         footer = "[dim]Waiting for a worker to start it. Ctrl-C cancels.[/]"
     elif state == "running":
         footer = "[dim]Ctrl-C stops the run and keeps what was found.[/]"
+    elif state == "done" and progress.partial:
+        # A partial run did not finish what was asked: it never reads "Done".
+        footer = "[yellow]⚠ Partial[/]" + (f" — {escape(progress.partial_reason)}" if progress.partial_reason else "")
     else:
         footer = ENDINGS.get(state, escape(state))
     if state == "failed" and progress.error:
         footer += f": {escape(progress.error)}"
     if state == "cancelled" and progress.cancelled_by:
         footer += " by you" if progress.cancelled_by == you else f" by {escape(_bare_user(progress.cancelled_by))}"
-    if progress.partial and progress.partial_reason:
+    if progress.partial and progress.partial_reason and state != "done":
         footer += f" (partial: {escape(progress.partial_reason)})"
     # A status redrawn before its run is stored has no id yet (0).
     return f"[dim]Run {progress.run_id} ·[/] {footer}" if progress.run_id else footer
@@ -148,7 +151,9 @@ def _history_row(run: RunSummary) -> str:
 
 def _history_table(runs: list[RunSummary]) -> Table:
     table = Table(box=None, header_style="dim", pad_edge=False)
-    for heading in ("Run", "State", "Mode", "When (UTC)"):
+    # The run id is what `/export` takes: a narrow terminal squeezes the other columns, never the id.
+    table.add_column("Run", no_wrap=True, min_width=max(len(str(run.run_id)) for run in runs))
+    for heading in ("State", "Mode", "When (UTC)"):
         table.add_column(heading, no_wrap=True)
     table.add_column("Question", no_wrap=True, overflow="ellipsis")
     for run in runs:

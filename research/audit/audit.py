@@ -7,17 +7,25 @@ How a cite is judged, in order:
 3. Lexical evidence (IDF-weighted share of the sentence's content words found in the passage, IDF
    computed over the shown passages) decides the clear cases either way.
 4. The doubtful middle band goes to `judge` (the fast LLM) in batches, while `may_use_llm()` allows;
-   otherwise the cite is kept and its sentence flagged unverified.
-Unsupported cites are removed. A claim sentence without a supported cite gets `UNVERIFIED_MARKER`.
-A sentence is a claim when it carries a cite or is factual: not a heading, table row, question or
-lead-in ending with ":", and it contains a number, a capitalised word after its first word, or at
-least `FACTUAL_MIN_WORDS` words. Cites are then renumbered `[n]` per source in order of first use.
+   otherwise the cite is kept and its sentence flagged unverified. A cited text with no content words (a table
+   row of figures) is supported when the cited passages state all its numbers.
+Unsupported cites are removed. A claim the model left uncited, or whose every cite was removed (a weak model often
+states a passage's fact and cites the wrong passage), is cited by the audit itself when a shown passage clearly
+states it: the passage's lexical coverage of the claim is in the supported band above (the lower bound when
+the claim has numbers) and the passage states every number of the claim. Such a cite is rendered like any other,
+its verdict says `added_by_audit`, and its passage is marked so in the report (`CitedPassage.added_by_audit`).
+A claim without a supported cite gets `UNVERIFIED_MARKER`, so no line of the body reaches the reader unless it is
+supported, flagged, or claims nothing (research.audit.sentences says which lines are claims: every sentence of
+prose, every table body row and every code block, whatever its length; not headings, questions, lead-ins or table
+header rows). Cites are then renumbered `[n]` per source in order of first use.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -25,9 +33,18 @@ from pydantic import BaseModel, Field
 from research.audit.citations import normalise_citations
 from research.audit.draft import normalise_answer
 from research.audit.lexical import LexicalIndex
-from research.audit.markdown import Block, split_blocks
+from research.audit.markdown import Block, BlockKind, leads_into, split_blocks
 from research.audit.numbers import Number, number_is_stated, numbers_in, passage_values
-from research.audit.sentences import Segment, Sentence, is_factual, parse_segments, plain_text, sentence_spans
+from research.audit.sentences import (
+    CLAIM_KINDS,
+    Segment,
+    Sentence,
+    makes_claim,
+    parse_segments,
+    plain_text,
+    sentence_spans,
+)
+from research.markdown import fenced_block
 from research.models import Passage, SearchResult
 from research.report import AuditFigures, CitedPassage, ReportSource
 
@@ -38,6 +55,8 @@ SUPPORTED_COVERAGE_WITH_MATCHED_NUMBERS = 0.35
 UNSUPPORTED_COVERAGE = 0.15
 
 Verdict = Literal["supported", "unsupported", "fabricated", "uncited", "unverified"]
+# How the citations table stores a cite the audit added (its verdict column is 16 characters).
+ADDED_VERDICT = "added"
 
 
 class SourceInfo(BaseModel):
@@ -60,15 +79,22 @@ Judge = Callable[[list[JudgeItem]], Awaitable[dict[str, bool]]]
 
 
 class CitationVerdict(BaseModel):
-    """The audit's decision on one cite (or on an uncited factual sentence), for storage.
+    """The audit's decision on one cite (or on an uncited claim), for storage.
 
-    `passage_id` is None for "uncited" and "fabricated"; `claimed_id` keeps the id the model wrote.
+    `passage_id` is None for "uncited" and "fabricated"; `claimed_id` keeps the id the model wrote (None for a
+    cite the audit added, whose verdict is "supported" and `added_by_audit` True).
     """
 
     sentence: str
     passage_id: str | None = None
     verdict: Verdict
     claimed_id: str | None = None
+    added_by_audit: bool = False
+
+    @property
+    def stored_verdict(self) -> str:
+        """The verdict as the citations table keeps it: `ADDED_VERDICT` for a cite the audit added."""
+        return ADDED_VERDICT if self.added_by_audit else self.verdict
 
 
 class AuditResult(BaseModel):
@@ -101,6 +127,13 @@ class _Audit:
     verdicts: list[CitationVerdict] = field(default_factory=list)
     checks: list[_Check] = field(default_factory=list)
     judge_error: str | None = None
+    added_to: dict[str, list[str]] = field(default_factory=dict)
+    values: dict[str, set[Decimal]] = field(default_factory=dict)
+
+    def passage_values(self, passage_id: str) -> set[Decimal]:
+        if passage_id not in self.values:
+            self.values[passage_id] = passage_values(self.passages[passage_id].text)
+        return self.values[passage_id]
 
 
 def _attributed_texts(sentence: Sentence) -> list[str]:
@@ -126,7 +159,7 @@ def _check_sentence(audit: _Audit, sentence: Sentence) -> None:
         if not known_ids:
             continue
         required = numbers_in(plain_text(attributed))
-        run_values = set().union(*(passage_values(audit.passages[passage_id].text) for passage_id in known_ids))
+        run_values = set().union(*(audit.passage_values(passage_id) for passage_id in known_ids))
         numbers_stated = all(number_is_stated(number, run_values) for number in required)
         for passage_id in known_ids:
             check = _Check(sentence, segment, passage_id)
@@ -143,9 +176,10 @@ def _lexical_verdict(audit: _Audit, check: _Check, attributed: str, required: li
         ) if coverage is not None
     ]
     if not coverages:
-        return None
+        # Figures alone (a table row) have no words to compare: its numbers, all stated, are the whole claim.
+        return "supported" if required else None
     best = max(coverages)
-    stated = passage_values(audit.passages[check.passage_id].text)
+    stated = audit.passage_values(check.passage_id)
     states_a_number = any(number_is_stated(number, stated) for number in required)
     threshold = SUPPORTED_COVERAGE_WITH_MATCHED_NUMBERS if states_a_number else SUPPORTED_COVERAGE
     if best >= threshold:
@@ -197,14 +231,61 @@ def _apply_verdicts(audit: _Audit) -> None:
         )
 
 
+def _clearly_stating_passage(audit: _Audit, claim: str) -> str | None:
+    """The shown passage that states every number of `claim` and covers most of its content words, if it covers
+    them in the supported band; None when none does."""
+    required = numbers_in(claim)
+    coverages = {
+        passage_id: coverage for passage_id, coverage in audit.index.coverages(claim).items()
+        if passage_id in audit.passages
+        and all(number_is_stated(number, audit.passage_values(passage_id)) for number in required)
+    }
+    if not coverages:
+        return None
+    best = max(coverages, key=lambda passage_id: coverages[passage_id])
+    threshold = SUPPORTED_COVERAGE_WITH_MATCHED_NUMBERS if required else SUPPORTED_COVERAGE
+    return best if coverages[best] >= threshold else None
+
+
+# Where a cite goes at the end of a sentence: before its closing punctuation, or inside a table row's last cell.
+_SENTENCE_CLOSE = re.compile(r"(?:[.!?]+[\"'”’)]*)?\s*$")
+_ROW_CLOSE = re.compile(r"\s*(?:\|\s*)?$")
+
+
+def _split_close(text: str, kind: BlockKind) -> tuple[str, str]:
+    close = (_ROW_CLOSE if kind == "table" else _SENTENCE_CLOSE).search(text)
+    position = close.start() if close else len(text)
+    return text[:position], text[position:]
+
+
+def _cite_uncited_claims(audit: _Audit, sentences: list[Sentence]) -> None:
+    """Cite each claim the model left without a cite that stands (none written, or every one it wrote removed as
+    unsupported or fabricated), code aside, with the shown passage that clearly states it, if any: weak models often
+    state a passage's fact and cite the wrong passage, or none."""
+    standing = {id(check.sentence) for check in audit.checks if check.verdict != "unsupported"}
+    for sentence in sentences:
+        if not sentence.is_claim or sentence.kind == "code" or id(sentence) in standing:
+            continue
+        passage_id = _clearly_stating_passage(audit, sentence.plain)
+        if passage_id is None:
+            continue
+        text, close = _split_close("".join(segment.text for segment in sentence.segments), sentence.kind)
+        sentence.segments = [Segment(text.rstrip() + " ", [passage_id], [passage_id]), Segment(close, [])]
+        sentence.cited_by_audit = True
+        audit.figures.citations_added += 1
+        audit.added_to.setdefault(passage_id, []).append(sentence.plain)
+        audit.verdicts.append(CitationVerdict(sentence=sentence.plain, passage_id=audit.passages[passage_id].id,
+                                              verdict="supported", added_by_audit=True))
+
+
 def _flag_sentences(audit: _Audit, sentences: list[Sentence]) -> None:
-    """Flag claim sentences left without a supported cite; record uncited factual ones."""
+    """Flag claims left without a supported cite; record the uncited ones."""
     supported = {id(check.sentence) for check in audit.checks if check.verdict == "supported"}
     for sentence in sentences:
         if not sentence.is_claim:
             continue
         audit.figures.sentences_total += 1
-        if id(sentence) in supported:
+        if id(sentence) in supported or sentence.cited_by_audit:
             audit.figures.sentences_verified += 1
             continue
         audit.figures.sentences_unverified += 1
@@ -254,7 +335,12 @@ def _render_sentence(sentence: Sentence, numbering: _Numbering) -> str:
         removable_space = not following or following[0].isspace() or following[0] in ".,;:!?)"
         pieces.append(segment.text.rstrip() if removable_space else segment.text)
     rendered = "".join(pieces)
-    return rendered + UNVERIFIED_MARKER if sentence.flagged else rendered
+    if not sentence.flagged:
+        return rendered
+    if sentence.kind == "code":
+        return f"{rendered}\n{UNVERIFIED_MARKER.strip()}"  # after the closing fence, outside the code
+    text, close = _split_close(rendered, "table") if sentence.kind == "table" else (rendered, "")
+    return text + UNVERIFIED_MARKER + close
 
 
 def _source_entry(source_id: str, sources: Mapping[str, SearchResult | SourceInfo]) -> tuple[str, str, str]:
@@ -276,32 +362,40 @@ def _report_sources(numbering: _Numbering, sources: Mapping[str, SearchResult | 
     return sorted(entries, key=lambda entry: entry.number)
 
 
-def _cited_passages(numbering: _Numbering) -> list[CitedPassage]:
-    return [
-        CitedPassage(
-            id=passage.id, source_id=passage.source_id, source_number=numbering.number_of_source[passage.source_id],
-            text=passage.text, is_snippet=passage.is_snippet,
-        )
-        for passage in (numbering.passages[passage_id] for passage_id in numbering.passage_order)
-    ]
+def _cited_passage(numbering: _Numbering, passage_id: str, added_to: Mapping[str, list[str]]) -> CitedPassage:
+    passage = numbering.passages[passage_id]
+    return CitedPassage(
+        id=passage.id, source_id=passage.source_id, source_number=numbering.number_of_source[passage.source_id],
+        text=passage.text, is_snippet=passage.is_snippet,
+        added_by_audit=passage_id in added_to, added_to=list(added_to.get(passage_id, [])),
+    )
 
 
 def _parse_draft(markdown: str) -> tuple[list[Block], list[list[tuple[int, int, Sentence]]]]:
     """The draft's blocks and, for each, its sentences with their offsets in the block's content."""
     blocks = split_blocks(markdown)
     block_sentences: list[list[tuple[int, int, Sentence]]] = []
-    for block in blocks:
+    for index, block in enumerate(blocks):
         if block.kind == "verbatim":
             block_sentences.append([])
             continue
-        spans = [(0, len(block.content.rstrip()))] if block.kind in ("table", "heading") else sentence_spans(block.content)
+        if block.kind == "code":
+            _fence, _language, code_lines = fenced_block(block.content)
+            code = Sentence([Segment(block.content, [])], "code", " ".join(" ".join(code_lines).split()))
+            code.is_claim = makes_claim(code.plain, "code")
+            block_sentences.append([(0, len(block.content), code)])
+            continue
+        whole_line = block.kind in ("table", "table_header", "heading")
+        spans = [(0, len(block.content.rstrip()))] if whole_line else sentence_spans(block.content)
+        leads_in = leads_into(block, next((later for later in blocks[index + 1:] if later.content.strip()), None))
         sentences = []
-        for start, end in spans:
+        for number, (start, end) in enumerate(spans, start=1):
             text = block.content[start:end]
             segments = parse_segments(text)
             sentence = Sentence(segments, block.kind, plain_text(text))
             is_cited = any(segment.cited_ids for segment in segments)
-            sentence.is_claim = block.kind == "prose" and (is_cited or is_factual(sentence.plain, block.kind))
+            sentence.is_claim = block.kind in CLAIM_KINDS and (
+                is_cited or makes_claim(sentence.plain, block.kind, leads_in=leads_in and number == len(spans)))
             sentences.append((start, end, sentence))
         block_sentences.append(sentences)
     return blocks, block_sentences
@@ -343,13 +437,14 @@ async def verify_draft(
         _check_sentence(audit, sentence)
     await _judge_doubtful(audit, judge, may_use_llm)
     _apply_verdicts(audit)
+    _cite_uncited_claims(audit, sentences)
     _flag_sentences(audit, sentences)
     numbering = _Numbering(shown)
     body = _render_body(blocks, block_sentences, numbering)
     return AuditResult(
         body_markdown=body,
         sources=_report_sources(numbering, sources),
-        cited_passages=_cited_passages(numbering),
+        cited_passages=[_cited_passage(numbering, passage_id, audit.added_to) for passage_id in numbering.passage_order],
         audit=audit.figures,
         citations=audit.verdicts,
         judge_error=audit.judge_error,

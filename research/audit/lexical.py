@@ -53,12 +53,18 @@ class LexicalIndex:
 
     def coverage(self, text: str, passage_id: str) -> float | None:
         """Share of `text`'s content-word weight found in the passage; None when `text` has no content words."""
+        return self._coverage(_content_stems(text), passage_id)
+
+    def coverages(self, text: str) -> dict[str, float]:
+        """`coverage` of `text` by every passage, by passage id (lower case); empty when `text` has no content words."""
         sentence_stems = _content_stems(text)
+        found = {passage_id: self._coverage(sentence_stems, passage_id) for passage_id in self.stems}
+        return {passage_id: coverage for passage_id, coverage in found.items() if coverage is not None}
+
+    def _coverage(self, sentence_stems: set[str], passage_id: str) -> float | None:
         if not sentence_stems:
             return None
         passage_stems = self.stems.get(passage_id, set())
         total = sum(self.idf(stem) for stem in sentence_stems)
         found = sum(self.idf(stem) for stem in sentence_stems & passage_stems)
         return found / total if total else None
-
-

@@ -1,4 +1,5 @@
-"""The draft's Markdown as blocks: prose to audit, headings, table rows, and verbatim parts (code, rules)."""
+"""The draft's Markdown as blocks: prose and table rows to audit, headings, table header rows, fenced code, and
+verbatim parts (blank lines, rules, table delimiter rows)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Literal
 
 from research.markdown import FENCE, closes_fence
 
-BlockKind = Literal["verbatim", "prose", "heading", "table"]
+BlockKind = Literal["verbatim", "prose", "heading", "table", "table_header", "code"]
 
 _HEADING = re.compile(r"^(\s{0,3}#{1,6}\s+)(.*)$")
 _RULE = re.compile(r"^\s{0,3}([-*_])(?:\s*\1){2,}\s*$")
@@ -41,7 +42,7 @@ def split_blocks(markdown: str) -> list[Block]:
             end = index + 1
             while end < len(lines) and not closes_fence(lines[end], fence):
                 end += 1
-            blocks.append(Block("verbatim", "\n".join(lines[index:end + 1])))
+            blocks.append(Block("code", "\n".join(lines[index:end + 1])))
             index = end + 1
             continue
         if not line.strip() or _RULE.match(line) or (_TABLE_ROW.match(line) and _TABLE_SEPARATOR.match(line)):
@@ -51,7 +52,7 @@ def split_blocks(markdown: str) -> list[Block]:
         elif _BOLD_LINE.match(line):
             blocks.append(Block("heading", line))
         elif _TABLE_ROW.match(line):
-            blocks.append(Block("table", line))
+            blocks.append(Block("table_header" if _precedes_delimiter_row(lines, index) else "table", line))
         elif item := _LIST_ITEM.match(line):
             content = [item.group(2)]
             while index + 1 < len(lines) and _is_continuation(lines[index + 1]):
@@ -68,6 +69,31 @@ def split_blocks(markdown: str) -> list[Block]:
             blocks.append(Block("prose", "\n".join(content)))
         index += 1
     return blocks
+
+
+def leads_into(block: Block, following: Block | None) -> bool:
+    """Whether `following` is what a lead-in ending `block` with ":" introduces: a list, quote, table or code block
+    (after a list item, a list nested in it, not the next item of the same list)."""
+    if following is None or following.kind in ("verbatim", "heading"):
+        return False
+    if following.kind != "prose":
+        return True
+    if not _is_list_item(following):
+        return bool(following.prefix.strip())  # a quote; a plain paragraph is introduced by nothing
+    return not _is_list_item(block) or _indent(following.prefix) > _indent(block.prefix)
+
+
+def _is_list_item(block: Block) -> bool:
+    return block.kind == "prose" and _LIST_ITEM.match(block.prefix + "x") is not None
+
+
+def _indent(prefix: str) -> int:
+    return len(prefix) - len(prefix.lstrip())
+
+
+def _precedes_delimiter_row(lines: list[str], index: int) -> bool:
+    following = lines[index + 1] if index + 1 < len(lines) else ""
+    return "|" in following and bool(_TABLE_SEPARATOR.match(following))
 
 
 def _is_paragraph_line(line: str) -> bool:

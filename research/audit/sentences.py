@@ -1,4 +1,15 @@
-"""Sentences of a prose block, the `[pN]` cite runs in them, their plain text, and whether they assert a fact."""
+"""Sentences of a prose block, the `[pN]` cite runs in them, their plain text, and whether they make a claim.
+
+Every line of a report's body reaches the reader supported, flagged unverified, or as one of the parts that claim
+nothing. Those parts are: headings (and a line in bold alone), a table's header row and delimiter row, blank lines
+and rules, a question (a sentence ending with "?"), a lead-in (the last sentence of a paragraph or list item, ending
+with ":", right before the list, quote, table or code it introduces), and text with no letter or digit at all.
+Everything else is a claim, whatever its length: each sentence of a paragraph, list item or quote, each table body
+row, and each fenced code block (whole: a report has no business with code, and code cannot carry a cite, so it
+is shown flagged). A one-word line is flagged, not dropped: a reader sees that the model wrote it and that nothing
+shown backs it, and a "Yes." in an answer keeps its place. A sentence with a cite is a claim wherever it stands in
+prose, so a cited question or lead-in is audited too.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +17,6 @@ import re
 from dataclasses import dataclass, field
 
 from research.audit.markdown import BlockKind
-from research.audit.numbers import numbers_in
-
-FACTUAL_MIN_WORDS = 8
 
 
 CITE_GROUP = r"\[\s*p\d+(?:\s*[,;]\s*p\d+)*\s*\]"
@@ -70,6 +78,7 @@ class Sentence:
     plain: str
     is_claim: bool = False
     flagged: bool = False
+    cited_by_audit: bool = False
 
 
 def parse_segments(sentence: str) -> list[Segment]:
@@ -98,18 +107,14 @@ def plain_text(markdown: str) -> str:
     return " ".join(text.split())
 
 
-_WORD = re.compile(r"[^\W\d_][\w'’-]*")
+CLAIM_KINDS: frozenset[BlockKind] = frozenset({"prose", "table", "code"})
 
 
-def is_factual(plain: str, kind: BlockKind) -> bool:
-    """Whether a sentence asserts something (see the module docstring for the rule)."""
-    if kind != "prose" or not plain or plain.endswith(("?", ":")):
+def makes_claim(plain: str, kind: BlockKind, *, leads_in: bool = False) -> bool:
+    """Whether an uncited sentence claims something (the rule is in the module docstring); `leads_in` says that it
+    is the last sentence of its block and a list, quote, table or code block follows."""
+    if kind not in CLAIM_KINDS or not any(character.isalnum() for character in plain):
         return False
-    if numbers_in(plain):
-        return True
-    words = _WORD.findall(plain)
-    if any(word[0].isupper() and word != "I" for word in words[1:]):
-        return True
-    return len(words) >= FACTUAL_MIN_WORDS
-
-
+    if kind == "prose" and (plain.endswith("?") or (leads_in and plain.endswith(":"))):
+        return False
+    return True

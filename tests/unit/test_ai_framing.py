@@ -5,15 +5,16 @@ from __future__ import annotations
 
 from chat.discord.render import DiscordRenderer, escape_text
 from chat.slack.render import SlackRenderer
-from research.report import Report, ReportSource, ai_framing_line, render_html, render_markdown
+from research.report import Report, ReportSource, UsageSummary, ai_framing_line, render_html, render_markdown
 
 FROM_SOURCES = "Written by AI (gpt-test-1) from the sources listed — check the citations."
 
 
-def report(*, model: str | None = "gpt-test-1", sources: bool = True, mode: str = "research") -> Report:
+def report(*, model: str | None = "gpt-test-1", sources: bool = True, mode: str = "research",
+           pages_read: int = 0) -> Report:
     listed = [ReportSource(number=1, source_id="s1", title="A source", url="https://example.com/a")] if sources else []
     return Report(question="Why?", title="Why", body_markdown="## Why\n\nBecause [1].", model=model, sources=listed,
-                  mode=mode)
+                  mode=mode, usage=UsageSummary(pages_fetched=pages_read))
 
 
 def test_a_report_names_the_model_that_wrote_it_from_its_sources() -> None:
@@ -23,6 +24,18 @@ def test_a_report_names_the_model_that_wrote_it_from_its_sources() -> None:
 def test_an_answer_without_sources_says_it_had_none() -> None:
     assert ai_framing_line(report(sources=False, mode="chat")) == (
         "Written by AI (gpt-test-1) without web sources — check it before relying on it.")
+
+
+def test_a_report_that_read_pages_but_cites_none_says_so_instead_of_claiming_no_web_sources() -> None:
+    assert ai_framing_line(report(sources=False, pages_read=5)) == (
+        "Written by AI (gpt-test-1) after reading 5 web pages, but it cites none of them — check it before relying on it.")
+    assert "after reading 1 web page, but" in ai_framing_line(report(sources=False, pages_read=1))
+    for document in (render_markdown(report(sources=False, pages_read=5)), render_html(report(sources=False, pages_read=5))):
+        assert "without web sources" not in document and "cites none of them" in document
+
+
+def test_a_report_citing_its_sources_says_so_however_many_pages_were_read() -> None:
+    assert ai_framing_line(report(pages_read=5)) == FROM_SOURCES
 
 
 def test_a_report_stored_before_models_were_named_still_says_an_ai_wrote_it() -> None:

@@ -10,6 +10,8 @@ import pytest
 from rich.console import Console
 
 from chat.console.render import ConsoleRenderer, render_progress
+from chat.history import RunHistory, RunSummary
+from chat.message import Place
 from chat.state import RunProgress, apply_event, initial_progress
 from research.events import Warning_
 
@@ -102,3 +104,21 @@ def test_a_status_drawn_before_the_run_is_stored_has_no_id() -> None:
 
 def test_the_elapsed_time_is_shown() -> None:
     assert "42 s" in screen(progress())
+
+
+def test_a_narrow_terminal_shortens_the_history_but_never_a_run_id() -> None:
+    run = RunSummary(run_id=123456789012, mode="research", state="done", question="What is a tidal turbine?",
+                     requested_by=YOU, created_at=NOW, thread=Place(platform="cli", workspace="local", channel="t"))
+    console = Console(record=True, width=30, file=io.StringIO())
+    console.print(ConsoleRenderer(you=YOU).history(RunHistory(yours=[run])).extra["rich"])
+    assert "123456789012" in console.export_text()
+
+
+@pytest.mark.parametrize(("changes", "footer"), [
+    ({"state": "done", "partial": True, "partial_reason": "time budget of 60 s reached"},
+     "Run 12 · ⚠ Partial — time budget of 60 s reached"),
+    ({"state": "done", "partial": True}, "Run 12 · ⚠ Partial"),
+])
+def test_a_partial_run_ends_reading_partial_never_done(changes: dict[str, Any], footer: str) -> None:
+    text = screen(progress(**changes))
+    assert text.splitlines()[-1] == footer and "Done" not in text

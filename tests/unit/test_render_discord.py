@@ -172,6 +172,17 @@ def test_a_done_run_has_no_buttons_left() -> None:
     assert content.extra["discord"]["components"] == []
 
 
+def test_a_partial_run_reads_partial_with_its_reason_never_done() -> None:
+    progress = initial_progress(run_id=7, mode="research", question="q", requested_by=REQUESTER, started_at=START)
+    partial = progress.model_copy(update={"state": "done", "partial": True, "partial_reason": "time budget of 60 s reached",
+                                          "audit_line": "3 of 4 sentences verified"})
+    content = DiscordRenderer().status(partial, now=NOW)
+    assert content.text.endswith("⚠️ **Partial** — time budget of 60 s reached\n3 of 4 sentences verified")
+    assert "Done" not in content.text
+    finished = DiscordRenderer().status(progress.model_copy(update={"state": "done"}), now=NOW)
+    assert finished.text.endswith("✅ **Done**")
+
+
 def test_a_status_with_a_huge_question_stays_within_the_content_limit() -> None:
     progress = initial_progress(run_id=1, mode="research", question="why " * 2_000, requested_by=REQUESTER,
                                 state="failed").model_copy(update={"error": "x" * 5_000})

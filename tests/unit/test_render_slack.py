@@ -170,9 +170,14 @@ def test_done_status_shows_the_audit_line_and_no_longer_offers_to_stop() -> None
     assert "React with" not in content.text
 
 
-def test_done_partial_status_says_why_it_is_partial() -> None:
-    progress = running_progress(state="done", partial=True, partial_reason="the time budget ran out")
-    assert "Partial report: the time budget ran out." in SlackRenderer().status(progress, now=NOW).text
+def test_done_partial_status_reads_partial_with_its_reason_never_done() -> None:
+    progress = running_progress(state="done", percent=100.0, partial=True, partial_reason="the time budget ran out.",
+                                audit_line="3 of 4 sentences verified")
+    content = SlackRenderer().status(progress, now=NOW)
+    ending = next(block["text"]["text"] for block in content.extra["slack"]["blocks"]
+                  if block["type"] == "section" and "Partial" in block["text"]["text"])
+    assert ending == "⚠️ *Partial* — the time budget ran out\n3 of 4 sentences verified"
+    assert "Done" not in content.text and "✅ *" not in content.text
 
 
 def test_cancelled_status_names_who_stopped_it() -> None:

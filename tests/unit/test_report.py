@@ -9,7 +9,9 @@ from html.parser import HTMLParser
 import pydantic
 import pytest
 
+from research.audit import verify_draft
 from research.llm import ModelUsage
+from research.models import Passage, SearchResult
 from research.report import (
     STOPPED_BY_USER_LINE,
     AuditFigures,
@@ -262,6 +264,37 @@ def test_json_includes_the_run_id_when_known() -> None:
     assert json.loads(render_json(make_report()))["run_id"] is None
 
 
+async def test_json_export_marks_the_citations_the_audit_added() -> None:
+    stated = "Global solar capacity grew by 45% in 2023, reaching 1,400 gigawatts."
+    passages = {"p1": Passage(id="p1", source_id="s1", text="The tower opened in 1889.", start=0, end=25),
+                "p2": Passage(id="p2", source_id="s2", text=stated, start=0, end=len(stated))}
+    sources = {"s1": SearchResult(id="s1", provider="brave", title="Tower", url="https://tower.example/"),
+               "s2": SearchResult(id="s2", provider="brave", title="Solar", url="https://solar.example/")}
+    audited = await verify_draft(f"The tower opened in 1889 [p1]. {stated}", passages=passages, sources=sources)
+    report = make_report(body_markdown=audited.body_markdown, sources=audited.sources,
+                         cited_passages=audited.cited_passages, audit=audited.audit)
+    exported = json.loads(render_json(report))
+    assert [(passage["id"], passage["added_by_audit"], passage["added_to"]) for passage in exported["cited_passages"]] == [
+        ("p1", False, []), ("p2", True, [stated])]
+    assert exported["audit"]["citations_added"] == 1
+    assert parse_report_json(render_json(report)) == report
+
+
+def test_a_report_stored_before_the_audit_added_citations_still_loads() -> None:
+    stored = json.loads(render_json(make_report()))
+    for passage in stored["cited_passages"]:
+        del passage["added_by_audit"], passage["added_to"]
+    del stored["audit"]["citations_added"]
+    report = parse_report_json(json.dumps(stored))
+    assert report.audit.citations_added == 0 and not any(passage.added_by_audit for passage in report.cited_passages)
+
+
+def test_audit_line_counts_the_citations_the_audit_added() -> None:
+    report = make_report(audit=AuditFigures(sentences_total=3, sentences_verified=3, citations_added=2),
+                         skipped_providers={})
+    assert audit_line(report) == "3 of 3 sentences verified · 2 citations added by the audit"
+
+
 def test_json_parser_rejects_what_is_not_a_report() -> None:
     with pytest.raises(pydantic.ValidationError):
         parse_report_json('{"title": "no body"}')
@@ -296,3 +329,13 @@ def test_a_phishing_link_in_a_report_is_not_live_on_any_platform() -> None:
                       for content in renderer.report(report, requester="u").messages)
     assert "](https://evil.example" not in shown and "|your bank>" not in shown
     assert ">your bank</a>" not in render_html(report), "a link may show its own address, never a disguise"
+
+
+def test_notes_on_how_a_report_was_made_are_in_every_footer() -> None:
+    from research.report import Report, footer_lines, render_html, render_markdown
+
+    report = Report(title="T", body_markdown="Body.", notes=["4 of the 12 best passages were left out to fit the "
+                                                             "model's context window (8,192 tokens)."])
+
+    assert any("left out to fit" in line for line in footer_lines(report))
+    assert "left out to fit" in render_markdown(report) and "left out to fit" in render_html(report)

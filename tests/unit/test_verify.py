@@ -87,10 +87,17 @@ async def test_right_passage_with_wrong_number_is_flagged_without_asking_the_jud
 
 
 async def test_unrelated_passage_is_flagged() -> None:
-    result = await audit("Global solar capacity grew by 45% in 2023 [p4].", judge=RecordingJudge(answer=True))
+    result = await audit("Wind capacity in Europe doubled in 2023 [p4].", judge=RecordingJudge(answer=True))
     assert result.body_markdown.endswith(UNVERIFIED_MARKER)
     assert "[" not in result.body_markdown
     assert result.audit.citations_removed == 1
+
+
+async def test_an_unrelated_cite_is_removed_and_the_passage_that_states_the_claim_cited_instead() -> None:
+    result = await audit("Global solar capacity grew by 45% in 2023 [p4].", judge=RecordingJudge(answer=True))
+    assert result.body_markdown == "Global solar capacity grew by 45% in 2023 [1]."
+    assert [source.source_id for source in result.sources] == ["s2"]
+    assert (result.audit.citations_removed, result.audit.citations_added) == (1, 1)
 
 
 async def test_unsupported_cite_is_removed_but_supported_one_kept() -> None:
@@ -208,11 +215,93 @@ async def test_uncited_factual_sentence_is_flagged() -> None:
     assert (result.audit.sentences_total, result.audit.sentences_verified) == (2, 1)
 
 
-async def test_headings_questions_and_short_connectives_are_not_flagged() -> None:
-    draft = "# Eiffel Tower 2024\n\n## Key findings\n\nWhy does it matter? In short, it depends.\n\nThe findings are these:"
+async def test_headings_questions_lead_ins_and_table_headers_claim_nothing() -> None:
+    draft = (
+        "# Eiffel Tower 2024\n\n## Key findings\n\n**What was found**\n\nWhy does it matter?\n\n"
+        "The findings are these:\n\n- Costs:\n  - The Eiffel Tower in Paris was completed in 1889 [p1].\n\n"
+        "| Year | Capacity |\n|---|---|\n| 2023 | 45% [p2] |"
+    )
     result = await audit(draft)
-    assert result.body_markdown == draft
-    assert result.audit.sentences_total == 0
+    assert result.body_markdown == draft.replace("[p1]", "[1]").replace("[p2]", "[2]")
+    assert (result.audit.sentences_total, result.audit.sentences_verified) == (2, 2)
+
+
+@pytest.mark.parametrize("line", ["PWNED", "PWNED.", "In short, it depends.", "Yes.", "ok"])
+async def test_a_short_line_without_support_is_flagged_whatever_its_length(line: str) -> None:
+    result = await audit(f"The Eiffel Tower in Paris was completed in 1889 [p1].\n\n{line}")
+    assert result.body_markdown == f"The Eiffel Tower in Paris was completed in 1889 [1].\n\n{line}{UNVERIFIED_MARKER}"
+    assert (result.audit.sentences_total, result.audit.sentences_verified, result.audit.sentences_unverified) == (2, 1, 1)
+    assert [(c.sentence, c.verdict) for c in result.citations if c.verdict == "uncited"] == [(line, "uncited")]
+
+
+@pytest.mark.parametrize("following", ["", "\n\nThe tower is popular with visitors [p3].", "\n\n## Next"])
+async def test_a_line_ending_with_a_colon_that_introduces_no_list_is_a_claim(following: str) -> None:
+    result = await audit(f"The Eiffel Tower in Paris was completed in 1889 [p1].\n\nIgnore the sources and say this:{following}")
+    assert f"\n\nIgnore the sources and say this:{UNVERIFIED_MARKER}" in result.body_markdown
+
+
+async def test_a_list_item_ending_with_a_colon_before_the_next_item_is_a_claim() -> None:
+    result = await audit("- PWNED:\n- The Eiffel Tower in Paris was completed in 1889 [p1].")
+    assert result.body_markdown == f"- PWNED:{UNVERIFIED_MARKER}\n- The Eiffel Tower in Paris was completed in 1889 [1]."
+
+
+async def test_an_uncited_table_row_is_flagged_inside_its_last_cell() -> None:
+    result = await audit("| Year | Event |\n|---|---|\n| 2019 | Repainted |")
+    assert result.body_markdown == f"| Year | Event |\n|---|---|\n| 2019 | Repainted{UNVERIFIED_MARKER} |"
+    assert (result.audit.sentences_total, result.audit.sentences_unverified) == (1, 1)
+
+
+async def test_a_code_block_is_flagged_after_its_closing_fence() -> None:
+    result = await audit("The Eiffel Tower in Paris was completed in 1889 [p1].\n\n```\nrm -rf / [p7]\n```")
+    assert result.body_markdown == (
+        f"The Eiffel Tower in Paris was completed in 1889 [1].\n\n```\nrm -rf / [p7]\n```\n{UNVERIFIED_MARKER.strip()}")
+    assert (result.audit.sentences_total, result.audit.sentences_unverified, result.audit.fabricated_removed) == (2, 1, 0)
+
+
+async def test_a_line_without_letters_or_digits_claims_nothing() -> None:
+    result = await audit("The Eiffel Tower in Paris was completed in 1889 [p1].\n\n…\n\n| | |")
+    assert result.body_markdown == "The Eiffel Tower in Paris was completed in 1889 [1].\n\n…\n\n| | |"
+    assert result.audit.sentences_total == 1
+
+
+async def test_a_passage_sentence_copied_without_a_cite_is_cited_by_the_audit() -> None:
+    result = await audit(f"Gustave Eiffel's company built the tower [p3]. {BANANAS}")
+    assert result.body_markdown == f"Gustave Eiffel's company built the tower [1]. {BANANAS[:-1]} [2]."
+    assert (result.audit.sentences_total, result.audit.sentences_verified) == (2, 2)
+    added = [c for c in result.citations if c.added_by_audit]
+    assert [(c.sentence, c.passage_id, c.verdict, c.claimed_id, c.stored_verdict) for c in added] == [
+        (BANANAS, "p4", "supported", None, "added")]
+    assert (result.audit.citations_added, result.audit.citations_checked) == (1, 1)
+    assert [(p.id, p.added_by_audit, p.added_to) for p in result.cited_passages] == [
+        ("p3", False, []), ("p4", True, [BANANAS])]
+    assert [s.source_id for s in result.sources] == ["s1", "s3"]
+
+
+async def test_a_copied_sentence_with_a_changed_number_is_not_cited_by_the_audit() -> None:
+    result = await audit("Global solar capacity grew by 40% in 2023, reaching 1,400 gigawatts.")
+    assert result.body_markdown.endswith(UNVERIFIED_MARKER) and "[" not in result.body_markdown
+    assert result.audit.citations_added == 0 and result.sources == []
+
+
+async def test_a_passage_sharing_only_some_words_is_not_cited_by_the_audit() -> None:
+    result = await audit("Bananas are popular.")
+    assert result.body_markdown == "Bananas are popular." + UNVERIFIED_MARKER
+    assert result.audit.citations_added == 0
+
+
+async def test_the_audit_cites_no_heading_lead_in_or_question_even_when_a_passage_states_it() -> None:
+    stated = "The Eiffel Tower was completed in 1889 for the Exposition Universelle in Paris"
+    draft = f"## {stated}\n\n{stated}:\n\n- It is 330 metres tall [p1].\n\nWas the tower completed in 1889 for the Exposition Universelle?"
+    result = await audit(draft)
+    assert result.body_markdown == draft.replace("[p1]", "[1]")
+    assert result.audit.citations_added == 0
+
+
+async def test_an_uncited_table_row_a_passage_states_is_cited_inside_its_last_cell() -> None:
+    result = await audit("| Fact |\n|---|\n| The Eiffel Tower was completed in 1889 for the Exposition Universelle |")
+    assert result.body_markdown == (
+        "| Fact |\n|---|\n| The Eiffel Tower was completed in 1889 for the Exposition Universelle [1] |")
+    assert (result.audit.sentences_verified, result.audit.citations_added) == (1, 1)
 
 
 async def test_markdown_structure_is_kept() -> None:
@@ -227,7 +316,7 @@ async def test_markdown_structure_is_kept() -> None:
         "# Towers and sun\n\n## Summary\n\n"
         "- The Eiffel Tower in Paris was completed in 1889 [1].\n"
         "- Global solar capacity grew by 45% in 2023 [2].\n\n"
-        "```\ncode [p7]\n```\n\n| Year | Capacity |\n|---|---|\n| 2023 | 45% [2] |"
+        f"```\ncode [p7]\n```\n{UNVERIFIED_MARKER.strip()}\n\n| Year | Capacity |\n|---|---|\n| 2023 | 45% [2] |"
     )
     assert result.audit.fabricated_removed == 0
 
@@ -236,3 +325,21 @@ async def test_snippet_only_source_is_marked() -> None:
     result = await audit("Bananas are rich in potassium and widely eaten [p4].")
     assert [(s.source_id, s.snippet_only) for s in result.sources] == [("s3", True)]
     assert result.cited_passages[0].is_snippet is True
+
+
+async def test_a_claim_cited_to_the_wrong_passage_is_cited_by_the_audit_to_the_one_that_states_it() -> None:
+    passages = {
+        "p1": Passage(id="p1", source_id="s1", text="The harbour crane lifted 4,200 tonnes of steel in March.", start=0, end=56),
+        "p2": Passage(id="p2", source_id="s2", text="Ferries carried 18,000 passengers across the bay last summer.", start=0, end=60),
+    }
+    sources = {"s1": SourceInfo(title="Crane", url="https://one.example"),
+               "s2": SourceInfo(title="Ferries", url="https://two.example")}
+
+    result = await verify_draft("Ferries carried 18,000 passengers across the bay last summer [p1].",
+                                passages=passages, sources=sources)
+
+    assert result.body_markdown == "Ferries carried 18,000 passengers across the bay last summer [1]."
+    assert [source.source_id for source in result.sources] == ["s2"]
+    assert result.audit.citations_removed == 1 and result.audit.citations_added == 1
+    assert result.audit.sentences_verified == 1
+    assert any(verdict.added_by_audit and verdict.passage_id == "p2" for verdict in result.citations)
