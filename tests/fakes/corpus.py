@@ -59,6 +59,7 @@ class Corpus:
     pages_per_host: int = 1
     hosts: tuple[str, ...] = HOSTS
     injection_host: str | None = None
+    injection: str = INJECTION
     llm_handler: Any = default_research_model
     pages: list[CorpusPage] = field(default_factory=list)
 
@@ -76,7 +77,7 @@ class Corpus:
         facts = [_fact(host_index, fact_index) for fact_index in range(first_fact, first_fact + self.facts_per_page)]
         paragraphs = [sentence + " " + FILLER for sentence, _ in facts]
         if host == self.injection_host and page_index == 0:
-            paragraphs.insert(1, INJECTION)
+            paragraphs.insert(1, self.injection)
         title = f"Zorblax turbines report from {host.split('.')[0].title()}"
         path = "/zorblax" if page_index == 0 else f"/zorblax-{page_index + 1}"
         if page_index:

@@ -11,10 +11,37 @@ for errors, latency, missing usage or a `reasoning_content` field; it may be asy
 is answered with server-sent events in OpenAI's chunk format (`chat.completion.chunk`, a word or so per chunk,
 `data: [DONE]` last, usage in a last chunk when `stream_options.include_usage`), the first words after
 `time_to_first_token` seconds and each further chunk after `chunk_delay`. Every request is recorded
-with start and finish times in `fake.requests` (a RequestLog) and parsed in `fake.chat_requests`. The
-in-process transport honours the client's read timeout as a real socket would (it raises httpx.ReadTimeout).
+with start and finish times in `fake.requests` (a RequestLog) and parsed in `fake.chat_requests`.
 
-Helpers below are handlers for the common cases; the engine's schemas may evolve, so they stay short.
+Real servers, each opt-in:
+
+    FakeLLM(model, local_server=LocalServer(prompt_tokens_per_second=50, tokens_per_second=5), time_scale=0.01)
+
+works like llama-cpp-python on a laptop: one request in work at a time, the others waiting in a FIFO queue on
+their open connection; the prompt (chars/4 tokens) is read at `prompt_tokens_per_second` before anything is sent
+(no headers either), then the answer is written at `tokens_per_second`, chunk by chunk when streamed, whole at the
+end otherwise. A request whose client went away is still worked to the end, so a resent copy queues behind it.
+The handler is asked when the request's work starts; what the server refuses outright (a `response_format`, an
+overflowing context) is answered at once, without queueing.
+`fake.local` (a `LocalQueue`) keeps one `LocalWork` per request (queued, started, first token, finished,
+disconnected) and counts `max_in_work` and `resent_while_busy`; `await fake.local.wait_idle()` before a test ends.
+`quirks="llama_cpp_python"` answers a json_schema `response_format` with that server's HTTP 500 and streams no usage
+chunk. `context_window=8192` answers the overflow error of `context_overflow="openai"` (also vLLM, llama-cpp-python)
+or `"llama_cpp"` when prompt tokens + max_tokens exceed it, or truncates the prompt silently (`"ollama"`);
+`context_discovery="llama_cpp"|"vllm"|"ollama"` tells the size where that server does (`GET /props`,
+`GET /v1/models` `max_model_len`, `POST /api/show`), the first and last at `fake.root_url`, not under `/v1`.
+
+Time: every wait of the fake goes through one clock. `time_scale` multiplies the waits (0.01: a 100 s first token
+takes 1 s), or pass a `clock`/`sleep` pair (e.g. tests.fakes.clock.ManualClock; in-process transport only; a clock
+that jumps on every sleep, like FakeClock, makes every read time out). Times recorded in `fake.local` are on that
+clock, in simulated seconds (`clock() / time_scale`). The in-process transport measures the client's read timeout
+on the same clock and per read, as a socket does: the wait for the headers, then each gap between streamed events
+(it raises httpx.ReadTimeout), so a client keeping a production 60 s timeout times out on a 100 s first token at
+any time_scale. Over the loopback server the client's real timeout applies: scale it yourself.
+
+Helpers below are handlers for the common cases; the engine's schemas may evolve, so they stay short. The
+`cited_claims` schema is a contract deepthread may ask for instead of inline `[pN]` markers: the answer is
+`{"claims": [{"text": "<a sentence>", "passage_id": "p3"}, ...]}` (see `cited_claims`).
 """
 
 from __future__ import annotations
@@ -28,19 +55,21 @@ import re
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import httpx
 
 from research.llm import LLMConfig
 from research.untrusted import parse_fenced_sources
+from tests.fakes.local_llm_server import LocalQueue, LocalServer, LocalWork
 from tests.fakes.server import LoopbackServer, RecordedRequest, RequestLog, free_port
 
 FAKE_MODEL = "fake-model"
 TRANSPORT_BASE_URL = "http://fake-llm.invalid/v1"
 
 Answer = str | dict[str, Any] | None
+Sleep = Callable[[float], Awaitable[None]]
 
 
 @dataclass
@@ -67,6 +96,11 @@ def _content_text(content: Any) -> str:
     if isinstance(content, list):
         return "\n".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
     return ""
+
+
+def estimated_tokens(text: str) -> int:
+    """Tokens as the fake counts them: about four characters each."""
+    return math.ceil(len(text) / 4)
 
 
 _SCHEMA_NAME_IN_PROMPT = re.compile(r"\(schema name: ([A-Za-z0-9_-]+)\)")
@@ -120,6 +154,16 @@ class ChatRequest:
         return "\n\n".join(_content_text(message.get("content")) for message in self.messages)
 
     @property
+    def prompt_tokens(self) -> int:
+        """The prompt's size as the fake counts it (`estimated_tokens` of `text`)."""
+        return estimated_tokens(self.text)
+
+    @property
+    def messages_key(self) -> str:
+        """The messages as canonical JSON: equal for two requests that ask exactly the same."""
+        return json.dumps(self.messages, sort_keys=True, ensure_ascii=False)
+
+    @property
     def schema_name(self) -> str | None:
         """The json_schema name asked for; in JSON-mode fallback, the name written in the schema instruction."""
         response_format = self.response_format or {}
@@ -137,6 +181,11 @@ class ChatRequest:
         return None
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Prepared answers: what is sent, and when
+# ---------------------------------------------------------------------------------------------------------------
+
+
 @dataclass
 class _Prepared:
     status: int
@@ -147,17 +196,91 @@ class _Prepared:
     first_event_delay: float = 0.0
     event_delay: float = 0.0
 
-    async def paced_events(self) -> AsyncIterator[bytes]:
+    async def head(self, sleep: Sleep) -> "_Prepared":
+        """Wait until the status line and headers go out; the answer (its body or its events) is then known."""
+        await sleep(self.delay)
+        return self
+
+    async def paced_events(self, sleep: Sleep) -> AsyncIterator[bytes]:
         """The streamed answer's events, each after its wait (the first content after the time to first token)."""
         assert self.events is not None
         for index, event in enumerate(self.events):
             wait = self.first_event_delay if index == 1 else self.event_delay if index > 1 else 0.0
             if wait:
-                await asyncio.sleep(wait)
+                await sleep(wait)
             yield event
+
+    def client_gone(self) -> None:
+        """Nothing to record: only a local server's work outlives its client."""
+
+
+class _LocalJob:
+    """One request in a local server's work: the head once known, then the streamed events as they are written."""
+
+    def __init__(self, queue: LocalQueue, work: LocalWork) -> None:
+        self.queue = queue
+        self.work = work
+        self.prepared: _Prepared | None = None
+        self._head_known = asyncio.Event()
+        self._events: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+    def send_head(self, prepared: _Prepared) -> None:
+        self.prepared = prepared
+        self._head_known.set()
+
+    def send_event(self, event: bytes | None) -> None:
+        self._events.put_nowait(event)
+
+    async def head(self, sleep: Sleep) -> _Prepared:
+        await self._head_known.wait()
+        assert self.prepared is not None
+        return self.prepared
+
+    async def paced_events(self, sleep: Sleep) -> AsyncIterator[bytes]:
+        while (event := await self._events.get()) is not None:
+            yield event
+
+    def client_gone(self) -> None:
+        self.queue.client_gone(self.work)
+
+
+_Outcome = _Prepared | _LocalJob
+
+
+class _ClientStream(httpx.AsyncByteStream):
+    """A streamed body read through the in-process transport, with the client's read timeout applied to each gap."""
+
+    def __init__(self, fake: "FakeLLM", outcome: _Outcome, read_timeout: float | None, request: httpx.Request) -> None:
+        self._fake = fake
+        self._outcome = outcome
+        self._read_timeout = read_timeout
+        self._request = request
+        self._finished = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        events = self._outcome.paced_events(self._fake._sleep)
+        try:
+            while (event := await self._fake._within(_next_or_none(events), self._read_timeout, self._request)) is not None:
+                yield event
+            self._finished = True
+        finally:
+            if not self._finished:
+                self._outcome.client_gone()
+
+    async def aclose(self) -> None:
+        if not self._finished:
+            self._outcome.client_gone()
+
+
+async def _next_or_none(events: AsyncIterator[bytes]) -> bytes | None:
+    try:
+        return await events.__anext__()
+    except StopAsyncIteration:
+        return None
 
 
 _STREAMED_PIECE = re.compile(r"\s*\S+\s*|\s+")
+_SSE_HEADERS = {"content-type": "text/event-stream; charset=utf-8"}
 
 
 def _openai_error(status: int, message: str, *, error_type: str, param: str | None = None, code: str | None = None) -> FakeReply:
@@ -173,9 +296,63 @@ _UNSUPPORTED_PARAMETER_MESSAGES = {
     "max_tokens": "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.",
 }
 
+# Captured from the real llama-cpp-python 0.2.62 server, asked for a response_format of type json_schema.
+LLAMA_CPP_PYTHON_JSON_SCHEMA_ERROR: dict[str, Any] = {"error": {
+    "message": (
+        "1 validation error:\n  {'type': 'literal_error', 'loc': ('body', 'response_format', 'type'), "
+        "'msg': \"Input should be 'text' or 'json_object'\", 'input': 'json_schema', "
+        "'ctx': {'expected': \"'text' or 'json_object'\"}}\n\n  File \"/srv/llama_cpp/server/app.py\", "
+        "line 337, in create_chat_completion\n    POST /v1/chat/completions"
+    ),
+    "type": "internal_server_error", "param": None, "code": None,
+}}
+
+Quirks = Literal["llama_cpp_python"]
+ContextOverflow = Literal["openai", "llama_cpp", "ollama"]
+ContextDiscovery = Literal["llama_cpp", "vllm", "ollama"]
+OLLAMA_ARCHITECTURE = "qwen2"
+
+
+def context_overflow_reply(style: ContextOverflow, context_window: int, prompt_tokens: int, completion_tokens: int) -> FakeReply | None:
+    """The error a server of `style` answers when the prompt and the completion do not fit (None for Ollama, which truncates)."""
+    if style == "openai":  # OpenAI, vLLM, and llama-cpp-python (exactly what the real local server sent)
+        return _openai_error(
+            400,
+            f"This model's maximum context length is {context_window} tokens. However, you requested "
+            f"{prompt_tokens + completion_tokens} tokens ({prompt_tokens} in the messages, {completion_tokens} in the "
+            "completion). Please reduce the length of the messages or completion.",
+            error_type="invalid_request_error", param="messages", code="context_length_exceeded",
+        )
+    if style == "llama_cpp":
+        return FakeReply(status=400, content={"error": {
+            "code": 400, "message": "the request exceeds the available context size, try increasing it",
+            "type": "exceed_context_size_error", "n_prompt_tokens": prompt_tokens, "n_ctx": context_window,
+        }})
+    return None
+
+
+def truncated_to_fit(request: ChatRequest, budget_tokens: int) -> ChatRequest:
+    """`request` with its oldest non-system text dropped until the prompt fits `budget_tokens` (Ollama's silent truncation)."""
+    excess = len(request.text) - max(0, budget_tokens) * 4
+    if excess <= 0:
+        return request
+    messages: list[dict[str, Any]] = []
+    for message in request.messages:
+        text = _content_text(message.get("content"))
+        if excess > 0 and message.get("role") != "system":
+            dropped = min(excess, len(text))
+            excess -= dropped
+            if dropped == len(text):
+                continue
+            message = {**message, "content": text[dropped:]}
+        messages.append(message)
+    return replace(request, messages=messages, raw={**request.raw, "messages": messages})
+
 
 class FakeLLM:
     """An OpenAI-compatible endpoint in process (`transport()`) or on a loopback port (`start()`), answering with `handler`."""
+
+    local: LocalQueue | None  # the local server's queue and counters, when `local_server` is set
 
     def __init__(
         self,
@@ -188,7 +365,19 @@ class FakeLLM:
         models: Collection[str] = (FAKE_MODEL,),
         time_to_first_token: float = 0.0,
         chunk_delay: float = 0.0,
+        local_server: LocalServer | None = None,
+        quirks: Quirks | None = None,
+        context_window: int | None = None,
+        context_overflow: ContextOverflow = "openai",
+        context_discovery: ContextDiscovery | None = None,
+        time_scale: float = 1.0,
+        clock: Callable[[], float] | None = None,
+        sleep: Sleep | None = None,
     ) -> None:
+        if context_discovery is not None and context_window is None:
+            raise ValueError("context_discovery needs a context_window to tell")
+        if time_scale <= 0:
+            raise ValueError("time_scale must be positive")
         self.handler: Handler = handler or default_research_model
         self.reject_json_schema = reject_json_schema
         self.reject_json_object = reject_json_object
@@ -197,17 +386,35 @@ class FakeLLM:
         self.time_to_first_token = time_to_first_token
         self.chunk_delay = chunk_delay
         self.models = list(models)
+        self.quirks = quirks
+        self.context_window = context_window
+        self.context_overflow = context_overflow
+        self.context_discovery = context_discovery
+        self.time_scale = time_scale
+        self._clock = clock or time.monotonic
+        self._sleep_on_clock: Sleep = sleep or asyncio.sleep
+        self.local_server = local_server
         self.requests = RequestLog()
         self.chat_requests: list[ChatRequest] = []
         self.handler_errors: list[BaseException] = []
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._server: LoopbackServer | None = None
+        self._local_tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def local_server(self) -> LocalServer | None:
+        """The local server imitated, if any; setting it (also after construction) starts a fresh `local` queue."""
+        return self.local.server if self.local is not None else None
+
+    @local_server.setter
+    def local_server(self, server: LocalServer | None) -> None:
+        self.local = LocalQueue(server) if server is not None else None
 
     # -- ways in --------------------------------------------------------------------------------------------
 
     def transport(self) -> httpx.MockTransport:
-        """An in-process transport for `httpx.AsyncClient(transport=...)`; delays use asyncio.sleep and respect the read timeout."""
+        """An in-process transport for `httpx.AsyncClient(transport=...)`; waits use the fake's clock and respect the read timeout."""
         return httpx.MockTransport(self._handle_httpx)
 
     def http_client(self) -> httpx.AsyncClient:
@@ -217,7 +424,12 @@ class FakeLLM:
     @property
     def base_url(self) -> str:
         """The loopback server's `/v1` URL once started; before that, a placeholder host for the in-process transport."""
-        return f"{self._server.url}/v1" if self._server is not None else TRANSPORT_BASE_URL
+        return f"{self.root_url}/v1"
+
+    @property
+    def root_url(self) -> str:
+        """The server's root, where llama.cpp's `/props` and Ollama's `/api/show` live (`base_url` without `/v1`)."""
+        return self._server.url if self._server is not None else TRANSPORT_BASE_URL.removesuffix("/v1")
 
     def config(self, **overrides: Any) -> LLMConfig:
         """An LLMConfig pointing at this fake (short timeout, no retries unless overridden)."""
@@ -241,12 +453,43 @@ class FakeLLM:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    # -- time -----------------------------------------------------------------------------------------------
+
+    def now(self) -> float:
+        """The fake's clock in simulated seconds (`clock() / time_scale`)."""
+        return self._clock() / self.time_scale
+
+    async def _sleep(self, seconds: float) -> None:
+        """Wait `seconds` simulated seconds on the fake's clock."""
+        if seconds > 0:
+            await self._sleep_on_clock(seconds * self.time_scale)
+
+    async def _within(self, awaitable: Awaitable[Any], timeout: float | None, request: httpx.Request) -> Any:
+        """`awaitable`'s result, or httpx.ReadTimeout once `timeout` simulated seconds pass first (a socket read's timeout)."""
+        if timeout is None:
+            return await awaitable
+        work = asyncio.ensure_future(awaitable)
+        timer = asyncio.ensure_future(self._sleep(timeout))
+        try:
+            await asyncio.wait({work, timer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            timer.cancel()
+            timed_out = not work.done()
+            if timed_out:
+                work.cancel()
+        if timed_out:
+            raise httpx.ReadTimeout("fake LLM: read timed out", request=request)
+        return work.result()
+
     # -- what it answers ------------------------------------------------------------------------------------
 
-    async def _prepare(self, method: str, path: str, body: bytes) -> _Prepared:
+    async def _prepare(self, method: str, path: str, body: bytes) -> _Outcome:
         if method == "GET" and path.endswith("/models"):
-            listing = {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "fake"} for name in self.models]}
-            return _Prepared(200, {"content-type": "application/json"}, json.dumps(listing).encode(), self.latency)
+            return self._json(200, self._model_listing())
+        if method == "GET" and path == "/props" and self.context_discovery == "llama_cpp" and self.context_window:
+            return self._json(200, self._llama_cpp_props())
+        if method == "POST" and path == "/api/show" and self.context_discovery == "ollama" and self.context_window:
+            return self._ollama_show(body)
         if method != "POST" or not path.endswith("/chat/completions"):
             return self._render(_openai_error(404, f"Unknown request URL: {method} {path}", error_type="invalid_request_error"), None)
         try:
@@ -255,11 +498,66 @@ class FakeLLM:
             return self._render(_openai_error(400, "We could not parse the JSON body of your request.", error_type="invalid_request_error"), None)
         with self._lock:
             self.chat_requests.append(request)
-        reply = self._rejection(request) or await self._ask_handler(request)
-        return self._render(reply, request)
+        rejection = self._rejection(request)
+        if rejection is not None:
+            return self._render(rejection, request)
+        if self.context_window is not None and self.context_overflow == "ollama":
+            request = truncated_to_fit(request, self.context_window - (request.max_tokens or 0))
+        if self.local is not None:
+            return await self._queue_locally(request)
+        return self._render(await self._ask_handler(request), request)
+
+    def _json(self, status: int, payload: Any) -> _Prepared:
+        return _Prepared(status, {"content-type": "application/json"}, json.dumps(payload).encode(), self.latency)
+
+    def _model_listing(self) -> dict[str, Any]:
+        def entry(name: str) -> dict[str, Any]:
+            model: dict[str, Any] = {"id": name, "object": "model", "created": 0, "owned_by": "fake"}
+            if self.context_discovery == "vllm" and self.context_window:
+                model.update(root=name, parent=None, max_model_len=self.context_window, permission=[])
+            return model
+
+        return {"object": "list", "data": [entry(name) for name in self.models]}
+
+    def _llama_cpp_props(self) -> dict[str, Any]:
+        return {
+            "default_generation_settings": {
+                "id": 0, "id_task": -1, "n_ctx": self.context_window, "speculative": False, "is_processing": False,
+                "params": {"n_predict": -1, "temperature": 0.8, "top_k": 40, "top_p": 0.95},
+            },
+            "total_slots": 1,
+            "model_path": f"/models/{self.models[0]}.gguf",
+            "model_alias": self.models[0],
+            "chat_template": "{% for message in messages %}{{ message.content }}{% endfor %}",
+            "modalities": {"vision": False, "audio": False},
+            "build_info": "b0000-fake",
+        }
+
+    def _ollama_show(self, body: bytes) -> _Prepared:
+        try:
+            asked = json.loads(body or b"{}")
+            name = str(asked.get("model") or asked.get("name") or "")  # "name" in Ollama before 0.4
+        except (json.JSONDecodeError, AttributeError):
+            name = ""
+        if name not in self.models:
+            return self._json(404, {"error": f"model '{name}' not found"})
+        return self._json(200, {
+            "modelfile": f"FROM {name}\nPARAMETER num_ctx {self.context_window}",
+            "parameters": f"num_ctx                        {self.context_window}",
+            "template": "{{ .Prompt }}",
+            "details": {"parent_model": "", "format": "gguf", "family": OLLAMA_ARCHITECTURE, "families": [OLLAMA_ARCHITECTURE],
+                        "parameter_size": "7.6B", "quantization_level": "Q4_K_M"},
+            "model_info": {
+                "general.architecture": OLLAMA_ARCHITECTURE, "general.parameter_count": 7615616512,
+                f"{OLLAMA_ARCHITECTURE}.context_length": self.context_window, f"{OLLAMA_ARCHITECTURE}.embedding_length": 3584,
+            },
+            "capabilities": ["completion"],
+        })
 
     def _rejection(self, request: ChatRequest) -> FakeReply | None:
         kind = (request.response_format or {}).get("type")
+        if kind == "json_schema" and self.quirks == "llama_cpp_python":
+            return FakeReply(content=LLAMA_CPP_PYTHON_JSON_SCHEMA_ERROR, status=500)
         if (kind == "json_schema" and self.reject_json_schema) or (kind == "json_object" and self.reject_json_object):
             return _openai_error(
                 400,
@@ -267,14 +565,18 @@ class FakeLLM:
                 error_type="invalid_request_error", param="response_format",
             )
         refused = sorted(self.unsupported_parameters & request.raw.keys())
-        if not refused:
-            return None
-        parameter = refused[0]
-        template = _UNSUPPORTED_PARAMETER_MESSAGES.get(parameter, "Unsupported parameter: '{name}' is not supported with this model.")
-        return _openai_error(
-            400, template.format(name=parameter, value=request.raw[parameter]),
-            error_type="invalid_request_error", param=parameter, code="unsupported_parameter",
-        )
+        if refused:
+            parameter = refused[0]
+            template = _UNSUPPORTED_PARAMETER_MESSAGES.get(parameter, "Unsupported parameter: '{name}' is not supported with this model.")
+            return _openai_error(
+                400, template.format(name=parameter, value=request.raw[parameter]),
+                error_type="invalid_request_error", param=parameter, code="unsupported_parameter",
+            )
+        if self.context_window is not None:
+            completion_tokens = request.max_tokens or 0
+            if request.prompt_tokens + completion_tokens > self.context_window:
+                return context_overflow_reply(self.context_overflow, self.context_window, request.prompt_tokens, completion_tokens)
+        return None
 
     async def _ask_handler(self, request: ChatRequest) -> FakeReply:
         try:
@@ -298,17 +600,17 @@ class FakeLLM:
                     "type": _DEFAULT_ERROR_TYPES.get(reply.status, "api_error"), "param": None, "code": None,
                 },
             }
-            return _Prepared(reply.status, headers, json.dumps(body).encode(), delay)
+            return _Prepared(reply.status, headers, json.dumps(body, separators=(",", ":")).encode(), delay)
         assert request is not None
         if request.raw.get("stream"):
             first_token = self.time_to_first_token if reply.time_to_first_token is None else reply.time_to_first_token
-            return _Prepared(200, {**headers, "content-type": "text/event-stream; charset=utf-8"}, b"", delay,
-                             events=self._stream_events(reply, request), first_event_delay=first_token,
-                             event_delay=self.chunk_delay)
+            return _Prepared(200, {**headers, **_SSE_HEADERS}, b"", delay,
+                             events=[_sse(chunk) for chunk in self._stream_chunks(reply, request)] + [_SSE_DONE],
+                             first_event_delay=first_token, event_delay=self.chunk_delay)
         return _Prepared(200, headers, json.dumps(self._completion(reply, request)).encode(), delay)
 
-    def _stream_events(self, reply: FakeReply, request: ChatRequest) -> list[bytes]:
-        """The answer as OpenAI streams it: a role chunk, content chunks, a finish chunk, usage if asked, `[DONE]`."""
+    def _stream_chunks(self, reply: FakeReply, request: ChatRequest) -> list[dict[str, Any]]:
+        """The answer as OpenAI streams it: a role chunk, content chunks, a finish chunk, usage if asked (`[DONE]` follows)."""
         completion = self._completion(reply, request)
         content = completion["choices"][0]["message"]["content"] or ""
         base = {"id": completion["id"], "object": "chat.completion.chunk", "created": completion["created"],
@@ -322,9 +624,10 @@ class FakeLLM:
             chunks += [chunk({"reasoning_content": piece}) for piece in _STREAMED_PIECE.findall(reply.reasoning)]
         chunks += [chunk({"content": piece}) for piece in _STREAMED_PIECE.findall(content)]
         chunks.append(chunk({}, reply.finish_reason))
-        if (request.raw.get("stream_options") or {}).get("include_usage") and "usage" in completion:
+        usage_asked = (request.raw.get("stream_options") or {}).get("include_usage")
+        if usage_asked and "usage" in completion and self.quirks != "llama_cpp_python":  # that server accepts it, sends none
             chunks.append({**base, "choices": [], "usage": completion["usage"]})
-        return [f"data: {json.dumps(item)}\n\n".encode() for item in chunks] + [b"data: [DONE]\n\n"]
+        return chunks
 
     def _completion(self, reply: FakeReply, request: ChatRequest) -> dict[str, Any]:
         content = json.dumps(reply.content) if isinstance(reply.content, dict) else reply.content
@@ -339,13 +642,64 @@ class FakeLLM:
             "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": reply.finish_reason}],
         }
         if reply.usage == "auto":
-            prompt_tokens, completion_tokens = math.ceil(len(request.text) / 4), math.ceil(len(content or "") / 4)
+            prompt_tokens, completion_tokens = request.prompt_tokens, estimated_tokens(content or "")
             completion["usage"] = {
                 "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens,
             }
         elif reply.usage != "omit":
             completion["usage"] = dict(reply.usage)
         return completion
+
+    # -- a local server's work ------------------------------------------------------------------------------
+
+    async def _queue_locally(self, request: ChatRequest) -> _LocalJob:
+        assert self.local is not None
+        await self._sleep(self.latency)
+        work = self.local.arrive(request.messages_key, stream=bool(request.raw.get("stream")),
+                                  prompt_tokens=request.prompt_tokens, now=self.now())
+        job = _LocalJob(self.local, work)
+        # The work is its own task: it goes on to the end when the client gives up, as a real server's does.
+        task = asyncio.get_running_loop().create_task(self._work_locally(job, request))
+        self._local_tasks.add(task)
+        task.add_done_callback(self._local_tasks.discard)
+        return job
+
+    async def _work_locally(self, job: _LocalJob, request: ChatRequest) -> None:
+        queue, work, speed = job.queue, job.work, job.queue.server
+        await queue.take_turn(work)
+        try:
+            queue.update(work, started_at=self.now())
+            reply = await self._ask_handler(request)
+            if reply.status != 200:
+                job.send_head(replace(self._render(reply, request), delay=0.0))
+                return
+            await self._sleep(work.prompt_tokens / speed.prompt_tokens_per_second + reply.delay)
+            queue.update(work, first_token_at=self.now())
+            if request.raw.get("stream"):
+                job.send_head(_Prepared(200, {**_SSE_HEADERS, **{k.lower(): v for k, v in reply.headers.items()}}, b"", 0.0, events=[]))
+                written = 0  # characters; a chunk's time is its share of the tokens (four characters each)
+                for chunk in self._stream_chunks(reply, request):
+                    delta = chunk["choices"][0]["delta"] if chunk["choices"] else {}
+                    piece = len(delta.get("content") or delta.get("reasoning_content") or "")
+                    await self._sleep(piece / 4 / speed.tokens_per_second)
+                    written += piece
+                    queue.update(work, completion_tokens=math.ceil(written / 4))
+                    job.send_event(_sse(chunk))
+                job.send_event(_SSE_DONE)
+            else:
+                prepared = self._render(reply, request)
+                answer = json.dumps(reply.content) if isinstance(reply.content, dict) else reply.content or ""
+                queue.update(work, completion_tokens=estimated_tokens(answer) + estimated_tokens(reply.reasoning or ""))
+                await self._sleep(work.completion_tokens / speed.tokens_per_second)
+                job.send_head(replace(prepared, delay=0.0))
+        except Exception as error:  # noqa: BLE001 - a bug in the fake must surface in the test, not as a hang
+            self.handler_errors.append(error)
+            if job.prepared is None:
+                job.send_head(self._render(_openai_error(500, f"fake local server failed: {error}", error_type="server_error"), None))
+        finally:
+            job.send_event(None)
+            queue.update(work, finished_at=self.now())
+            queue.release()
 
     # -- the two adapters -----------------------------------------------------------------------------------
 
@@ -358,17 +712,17 @@ class FakeLLM:
         body = await request.aread()
         headers = {key.lower(): value for key, value in request.headers.items()}
         record = self._record(request.method, request.url.host, request.url.path, dict(request.url.params), headers, body)
+        read_timeout = (request.extensions.get("timeout") or {}).get("read")
         try:
-            prepared = await self._prepare(request.method, request.url.path, body)
-            read_timeout = (request.extensions.get("timeout") or {}).get("read")
-            if read_timeout is not None and prepared.delay > read_timeout:
-                await asyncio.sleep(read_timeout)
-                raise httpx.ReadTimeout("fake LLM: read timed out", request=request)
-            if prepared.delay:
-                await asyncio.sleep(prepared.delay)
-            if prepared.events is not None:
-                return httpx.Response(prepared.status, headers=prepared.headers, content=prepared.paced_events())
-            return httpx.Response(prepared.status, headers=prepared.headers, content=prepared.body)
+            outcome = await self._prepare(request.method, request.url.path, body)
+            try:
+                head = await self._within(outcome.head(self._sleep), read_timeout, request)
+            except BaseException:
+                outcome.client_gone()
+                raise
+            if head.events is not None:
+                return httpx.Response(head.status, headers=head.headers, stream=_ClientStream(self, outcome, read_timeout, request))
+            return httpx.Response(head.status, headers=head.headers, content=head.body)
         finally:
             record.finished_at = time.monotonic()
 
@@ -391,22 +745,40 @@ class FakeLLM:
         headers = {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in scope["headers"]}
         query = dict(httpx.QueryParams(scope.get("query_string", b"").decode("latin-1")))
         record = self._record(scope["method"], headers.get("host", "").split(":")[0], scope["path"], query, headers, bytes(body))
+        watcher: asyncio.Task[None] | None = None
         try:
-            prepared = await self._prepare(scope["method"], scope["path"], bytes(body))
-            if prepared.delay:
-                await asyncio.sleep(prepared.delay)
-            raw_headers = [(key.encode("latin-1"), value.encode("latin-1")) for key, value in prepared.headers.items()]
-            if prepared.events is not None:
-                await send({"type": "http.response.start", "status": prepared.status, "headers": raw_headers})
-                async for event in prepared.paced_events():
+            outcome = await self._prepare(scope["method"], scope["path"], bytes(body))
+            if isinstance(outcome, _LocalJob):
+                watcher = asyncio.get_running_loop().create_task(_watch_disconnect(receive, outcome))
+            head = await outcome.head(self._sleep)
+            raw_headers = [(key.encode("latin-1"), value.encode("latin-1")) for key, value in head.headers.items()]
+            if head.events is not None:
+                await send({"type": "http.response.start", "status": head.status, "headers": raw_headers})
+                async for event in outcome.paced_events(self._sleep):
                     await send({"type": "http.response.body", "body": event, "more_body": True})
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
                 return
-            raw_headers.append((b"content-length", str(len(prepared.body)).encode()))
-            await send({"type": "http.response.start", "status": prepared.status, "headers": raw_headers})
-            await send({"type": "http.response.body", "body": prepared.body, "more_body": False})
+            raw_headers.append((b"content-length", str(len(head.body)).encode()))
+            await send({"type": "http.response.start", "status": head.status, "headers": raw_headers})
+            await send({"type": "http.response.body", "body": head.body, "more_body": False})
         finally:
+            if watcher is not None:
+                watcher.cancel()
             record.finished_at = time.monotonic()
+
+
+async def _watch_disconnect(receive: Callable[[], Any], job: _LocalJob) -> None:
+    """Mark the job's client gone when uvicorn says the connection closed before the work finished."""
+    while (await receive()).get("type") != "http.disconnect":
+        pass
+    job.client_gone()
+
+
+_SSE_DONE = b"data: [DONE]\n\n"
+
+
+def _sse(chunk: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(chunk)}\n\n".encode()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -532,6 +904,14 @@ def unrelated_citation_synthesis(request: ChatRequest) -> str:
     return _report([*_restated_passages(request), cite(UNRELATED_SENTENCE, first_id)])
 
 
+def cited_claims(request: ChatRequest) -> dict[str, Any]:
+    """The `cited_claims` answer: `{"claims": [{"text": sentence, "passage_id": "p3"}, ...]}`, each shown passage's first
+    sentence word for word with its id, in prompt order (no claims when no passage is shown)."""
+    claims = [{"text": sentences(text)[0], "passage_id": passage_id}
+              for passage_id, text in passages_in(request).items() if sentences(text)]
+    return {"claims": claims}
+
+
 def timing_out(delay: float = 30.0) -> Handler:
     """A handler whose every answer arrives after `delay` seconds."""
 
@@ -593,6 +973,8 @@ def default_research_model(request: ChatRequest) -> HandlerResult:
                                 {"query": f"{question} latest", "source_type": "news"}],
             "deliverable": "A cited report answering the question.",
         }
+    if name == "cited_claims":
+        return cited_claims(request)
     if name is not None:
         return {}
     if passages_in(request):
