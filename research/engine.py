@@ -11,13 +11,14 @@ import asyncio
 import datetime as dt
 import logging
 import math
+import re
 import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import Executor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 from pydantic import BaseModel
@@ -42,14 +43,19 @@ from research.events import (
 from research.fetch import FetchBudget, FetchConfig, SafeFetcher, build_fetch_client
 from research.limits import CircuitBreaker, RateLimiter
 from research.llm import (
+    ContextOverflow,
     LLMAuthError,
     LLMClient,
     LLMError,
+    LLMTimeout,
     LLMUnavailable,
+    LongAnswer,
+    Message,
     OnText,
     StructuredOutputError,
     UsageLedger,
     UsageRecord,
+    estimate_prompt_tokens,
 )
 from research.models import Document, FetchResult, Passage, SearchResult
 from research.netguard import Resolver
@@ -73,6 +79,14 @@ from research.untrusted import fence_passages, fence_untrusted
 logger = logging.getLogger(__name__)
 
 NO_SOURCES_NOTICE = "No sources could be found for this question, so there is nothing to report yet."
+NOTHING_SUPPORTED_REASON = ("the model's report states nothing that the pages read support, so none of it could be "
+                            "verified")
+# Room for the gap check's verdict (a covered flag per sub-question and a few queries).
+GAP_CHECK_ANSWER_TOKENS = 600
+# Room for a claims answer (fifteen short sentences and their ids, with JSON around them).
+CLAIMS_ANSWER_TOKENS = 1_500
+# The share of a passage budget left for text once each passage's fence (id, title, URL) is paid for.
+FENCE_SHARE = 0.85
 # Each phase's share of the progress bar, in percent and in run order. A gathering phase's share is
 # spread over the rounds; synthesis with a real model is the slowest phase, so it has the largest.
 PROGRESS_WEIGHTS: dict[Phase, float] = {
@@ -180,6 +194,10 @@ class ResearchState:
     documents: dict[str, Document] = field(default_factory=dict)
     passages: list[Passage] = field(default_factory=list)
     draft: str | None = None
+    # Words of the report written so far, shown while the model writes (the text itself only once audited).
+    words_written: int = 0
+    notes: list[str] = field(default_factory=list)
+    tainted_words: set[str] = field(default_factory=set)
     audit: verify_phase.AuditResult | None = None
     report: Report | None = None
     phase_seconds: dict[str, float] = field(default_factory=dict)
@@ -200,6 +218,7 @@ class ResearchState:
             "results": len(self.sources),
             "pages_read": len(self.documents),
             "passages": len(self.passages),
+            **({"words_written": self.words_written} if self.words_written else {}),
         }
 
     def titles(self) -> dict[str, tuple[str, str]]:
@@ -290,6 +309,10 @@ def plain_reason(error: BaseException) -> str:
         return f"No search provider could answer. {error}".strip()
     if isinstance(error, LLMAuthError):
         return "The language model refused our credentials (check LLM_API_KEY)."
+    if isinstance(error, LLMTimeout):
+        return f"The language model was too slow: {error}."
+    if isinstance(error, ContextOverflow):
+        return f"The request is too long for the language model: {error} (LLM_CONTEXT_TOKENS)."
     if isinstance(error, LLMUnavailable):
         return f"The language model could not be reached: {error}"
     if isinstance(error, StructuredOutputError):
@@ -416,6 +439,9 @@ async def _research(run: _Run, question: str, plan: Any, context: str | None,
     question_search: search_phase.QuestionSearch | None = None
     try:
         async with run.phase("decompose"):
+            # Asked of the server once per process: prompts are cut to fit the window from the first call on.
+            await llm.context_tokens()
+            await llm.context_tokens(fast=True)
             # Registered first, so that the question's own search cannot take the ids that put them first.
             for url in decompose_phase.priority_urls(question):
                 if router.registry.is_blocked(url):
@@ -432,7 +458,13 @@ async def _research(run: _Run, question: str, plan: Any, context: str | None,
                                                                 since=options.since, already_asked=set(),
                                                                 results_per_query=options.results_per_query)
                     question_search = search_phase.QuestionSearch(question_query[0], router=router) if question_query else None
-                state.plan, state.plan_fell_back = await decompose_phase.decompose(question, llm=llm, today=today, context=context)
+                try:
+                    state.plan, state.plan_fell_back = await decompose_phase.decompose(question, llm=llm, today=today,
+                                                                                       context=context)
+                except (LLMTimeout, ContextOverflow) as error:
+                    # Not asked again (the model may still be working on it): the question itself is the plan.
+                    await run.sink(Warning_(phase="decompose", message=f"Planning skipped: {plain_reason(error)}"))
+                    state.plan, state.plan_fell_back = decompose_phase.fallback(question), True
                 if state.plan_fell_back:
                     await run.sink(Warning_(phase="decompose", message="The question could not be broken down; researching it as asked."))
             await run.sink(PlanReady(phase="decompose", sub_questions=[sub.question for sub in state.plan.sub_questions]))
@@ -451,16 +483,12 @@ async def _research(run: _Run, question: str, plan: Any, context: str | None,
         await run.progress(phase_progress("synthesize", 0.0))
         selected: list[Passage] = []
         writing_error: LLMError | None = None
+        wrote_claims = False
         try:
             async with run.phase("synthesize"):
-                selected = read_phase.select_for_synthesis(state.plan, state.passages, options)
-                if selected:
+                if state.passages:
                     async with run.meter.ticking(synthesis_progress):
-                        written = await synthesize_phase.synthesize(question, state.plan, selected, titles=state.titles(),
-                                                                    llm=llm, today=today, context=context)
-                    state.draft = written.text
-                    if written.cut_off:
-                        state.partial_reason = state.partial_reason or cut_off_reason(llm)
+                        selected, wrote_claims = await _write_report(run, question, context, options, llm, today)
                 else:
                     state.draft = NO_SOURCES_NOTICE
         except LLMError as error:
@@ -473,22 +501,22 @@ async def _research(run: _Run, question: str, plan: Any, context: str | None,
             await run.sink(Warning_(phase="synthesize", message=f"The report could not be written: {reason}; "
                                                                  "quoting the sources instead."))
             async with run.phase("verify"):
-                digest = await digest_phase.quote_digest(question, state.plan, selected, state.sources, reason=reason)
+                digest = await digest_phase.quote_digest(question, state.plan, selected or state.passages,
+                                                         state.sources, reason=reason)
             # With nothing quotable, the empty body below makes it the unfinished report: the sources read, and why.
             state.audit = digest or verify_phase.AuditResult(body_markdown="")
             state.partial_reason = f"{reason}, so this report quotes the sources instead of answering" if digest else reason
         elif selected:
             async with run.phase("verify"):
-                state.audit = await verify_phase.verify_draft(
-                    state.draft,
-                    passages={passage.id: passage for passage in selected},
-                    sources=state.sources,
-                    judge=_citation_judge(llm, today),
-                    may_use_llm=budget.may_use_llm,
-                )
+                state.audit = await _audit(state.draft or "", selected, state, llm, today, budget)
+                if not wrote_claims and state.audit.body_markdown.strip() and not _cites_inline(state.audit):
+                    await _cite_through_claims(run, question, context, options, llm, today, budget, selected)
+            if state.audit.body_markdown.strip() and state.audit.audit.sentences_verified == 0:
+                # Delivered, so the reader sees what the model wrote, but never as done: nothing in it is verified.
+                state.partial_reason = state.partial_reason or NOTHING_SUPPORTED_REASON
         else:
             # The engine's own notice cites nothing and claims nothing: auditing it could only mark it unverified.
-            state.audit = verify_phase.AuditResult(body_markdown=state.draft)
+            state.audit = verify_phase.AuditResult(body_markdown=state.draft or "")
     finally:
         if question_search is not None:
             question_search.cancel()
@@ -506,8 +534,169 @@ async def _research(run: _Run, question: str, plan: Any, context: str | None,
         cited_passages=state.audit.cited_passages, audit=state.audit.audit,
         usage=state.usage_summary(fetch_budget), phase_seconds=state.phase_seconds,
         partial=state.partial_reason is not None, partial_reason=state.partial_reason,
-        skipped_providers=state.skipped_providers, stopped_by_user=False,
+        skipped_providers=state.skipped_providers, stopped_by_user=False, notes=state.notes,
     )
+
+
+def _writing_counter(run: _Run, expected_words: int, clock: Callable[[], float] = time.monotonic) -> OnText:
+    """An `on_text` that counts the report's words as the model writes them and moves the progress bar through the
+    rest of synthesis by their share of `expected_words` (at most once per `PROGRESS_INTERVAL`), so a slow synthesis
+    shows its pace in the status message; the text itself is shown only once audited."""
+    last_sent = -PROGRESS_INTERVAL
+    writing_from: float | None = None
+
+    async def on_text(text: str) -> None:
+        nonlocal last_sent, writing_from
+        run.state.words_written = len(text.split())
+        if writing_from is None:
+            writing_from = run.meter.percent
+        if clock() - last_sent < PROGRESS_INTERVAL:
+            return
+        last_sent = clock()
+        end = phase_progress("synthesize") - 0.1  # only the phase's end shows its end
+        share = min(1.0, run.state.words_written / max(expected_words, 1))
+        await run.meter.reach(writing_from + (end - writing_from) * share)
+
+    return on_text
+
+
+T = TypeVar("T")
+
+
+async def _fitted_ask(llm: LLMClient, state: ResearchState, options: ResearchOptions,
+                      build: Callable[[list[Passage], int], list[Message]],
+                      ask: Callable[[list[Passage], int], Awaitable[T]], *,
+                      wanted_tokens: int, fast: bool = False) -> tuple[list[Passage], T]:
+    """The best passages that fit the model's context window beside the answer's room (up to `wanted_tokens`; all
+    the passages while no window is known), asked with (`build` makes the prompt, `ask` asks, each given the room);
+    on an overflow the window is now learnt, so room and passages are chosen again and asked again. Passages left
+    out for room are noted in the state."""
+    tried: tuple[list[str], int] | None = None
+    while True:
+        answer_tokens = llm.answer_room(wanted_tokens, fast=fast) or wanted_tokens
+        selected, left_out = _fitting_passages(llm, state, options, lambda shown: build(shown, answer_tokens),
+                                               answer_tokens, fast=fast)
+        if not selected or ([passage.id for passage in selected], answer_tokens) == tried:
+            window = llm.known_context_tokens(fast=fast)
+            raise ContextOverflow(f"not even the best passages fit the model's context window ({window or 0:,} tokens)",
+                                  context_tokens=window)
+        tried = ([passage.id for passage in selected], answer_tokens)
+        try:
+            answer = await ask(selected, answer_tokens)
+        except ContextOverflow:
+            continue
+        if left_out:
+            window = llm.known_context_tokens(fast=fast) or 0
+            state.notes.append(f"{left_out} of the {left_out + len(selected)} best passages were left out to fit the "
+                               f"model's context window ({window:,} tokens, LLM_CONTEXT_TOKENS).")
+        return selected, answer
+
+
+def _fitting_passages(llm: LLMClient, state: ResearchState, options: ResearchOptions,
+                      build: Callable[[list[Passage]], list[Message]], answer_tokens: int, *,
+                      fast: bool) -> tuple[list[Passage], int]:
+    """The passages chosen for the prompt and how many of the best were left out to fit the known window."""
+    best = read_phase.select_for_synthesis(state.plan, state.passages, options)
+    room = llm.prompt_room(answer_tokens, fast=fast)
+    if room is None or estimate_prompt_tokens(build(best)) <= room:
+        return best, 0
+    # The ranker counts four characters a token, the window check three, and fences cost a little more.
+    budget = int((room - estimate_prompt_tokens(build([]))) * 0.75 * FENCE_SHARE)
+    while budget > 0:
+        fitted = read_phase.select_for_synthesis(state.plan, state.passages,
+                                                 options.model_copy(update={"passage_token_budget": budget}))
+        if fitted and estimate_prompt_tokens(build(fitted)) <= room:
+            return fitted, max(0, len(best) - len(fitted))
+        budget = int(budget * 0.8)
+    return [], len(best)
+
+
+async def _write_report(run: _Run, question: str, context: str | None, options: ResearchOptions, llm: LLMClient,
+                        today: dt.date) -> tuple[list[Passage], bool]:
+    """Write the draft into the state from passages that fit the window: inline citations, or JSON claims for a model
+    known to cite only that way (falling back to inline when the claims come to nothing). Returns the passages shown
+    and whether the draft came from claims."""
+    state = run.state
+    assert state.plan is not None
+    plan, titles = state.plan, state.titles()
+    if not llm.quirks.cites_inline:
+        try:
+            selected, claims = await _claims_draft(llm, state, options, question, context, today)
+            if claims:
+                state.draft = claims
+                return selected, True
+        except StructuredOutputError:
+            pass  # asked inline below, as a model never known to cite through claims would be
+
+    def build(passages: list[Passage], answer_tokens: int) -> list[Message]:
+        return synthesize_phase.synthesis_messages(question, plan, passages, titles=titles, today=today,
+                                                   context=context, answer_tokens=answer_tokens)
+
+    async def ask(passages: list[Passage], answer_tokens: int) -> LongAnswer:
+        expected_words = synthesize_phase.report_length_words(answer_tokens)
+        return await synthesize_phase.synthesize(question, plan, passages, titles=titles, llm=llm, today=today,
+                                                 context=context, answer_tokens=answer_tokens,
+                                                 on_text=_writing_counter(run, expected_words))
+
+    selected, written = await _fitted_ask(llm, state, options, build, ask, wanted_tokens=llm.config.max_output_tokens)
+    state.draft = written.text
+    if written.cut_off:
+        state.partial_reason = state.partial_reason or cut_off_reason(llm)
+    return selected, False
+
+
+async def _claims_draft(llm: LLMClient, state: ResearchState, options: ResearchOptions, question: str,
+                        context: str | None, today: dt.date) -> tuple[list[Passage], str]:
+    """The answer as JSON claims rendered as a cited draft, from passages that fit ("" when it made no claim)."""
+    assert state.plan is not None
+    plan, titles = state.plan, state.titles()
+
+    def build(passages: list[Passage], answer_tokens: int) -> list[Message]:
+        return synthesize_phase.claims_messages(question, plan, passages, titles=titles, today=today, context=context)
+
+    async def ask(passages: list[Passage], answer_tokens: int) -> str:
+        return await synthesize_phase.cited_claims(question, plan, passages, titles=titles, llm=llm, today=today,
+                                                   title=question, context=context, max_tokens=answer_tokens)
+
+    return await _fitted_ask(llm, state, options, build, ask, wanted_tokens=CLAIMS_ANSWER_TOKENS)
+
+
+async def _audit(draft: str, shown: list[Passage], state: ResearchState, llm: LLMClient, today: dt.date,
+                 budget: Budget) -> verify_phase.AuditResult:
+    return await verify_phase.verify_draft(draft, passages={passage.id: passage for passage in shown},
+                                           sources=state.sources, judge=_citation_judge(llm, today),
+                                           may_use_llm=budget.may_use_llm)
+
+
+def own_support(audit: verify_phase.AuditResult) -> int:
+    """Sentences verified through the model's own citations (not those the audit cited for it)."""
+    return audit.audit.sentences_verified - audit.audit.citations_added
+
+
+def _cites_inline(audit: verify_phase.AuditResult) -> bool:
+    """Whether the model wrote any citation of its own (right or wrong), as opposed to none at all."""
+    return any(verdict.claimed_id for verdict in audit.citations if not getattr(verdict, "added_by_audit", False))
+
+
+async def _cite_through_claims(run: _Run, question: str, context: str | None, options: ResearchOptions,
+                               llm: LLMClient, today: dt.date, budget: Budget, selected: list[Passage]) -> None:
+    """A draft with no citation of its own: ask once more, as JSON claims, and keep whichever version the audit
+    verifies more of. A model whose claims did better is asked that way from now on (learnt for the endpoint)."""
+    state = run.state
+    assert state.audit is not None
+    try:
+        shown, claims = await _claims_draft(llm, state, options, question, context, today)
+    except LLMError as error:
+        await run.sink(Warning_(phase="verify", message=f"The report cites no passage, and asking for cited claims "
+                                                        f"failed: {plain_reason(error)}"))
+        return
+    if not claims:
+        return
+    audited = await _audit(claims, shown, state, llm, today, budget)
+    # The audit may have cited a never-citing draft's copied sentences itself: count what each version cited.
+    if own_support(audited) > own_support(state.audit):
+        state.draft, state.audit = claims, audited
+        llm.quirks.cites_inline = False
 
 
 async def _gather(run: _Run, question: str, options: ResearchOptions, budget: Budget, router: SearchRouter,
@@ -558,8 +747,9 @@ async def _gather(run: _Run, question: str, options: ResearchOptions, budget: Bu
             return
         try:
             async with run.phase("gap_check"):
-                texts = await gap_phase.check_gaps(question, state.plan, read_phase.select_for_synthesis(state.plan, state.passages, options),
-                                                   titles=state.titles(), llm=llm, today=today)
+                texts = await gap_phase.check_gaps(question, state.plan, _gap_check_passages(llm, state, options, today),
+                                                   titles=state.titles(), llm=llm, today=today,
+                                                   tainted=frozenset(state.tainted_words))
         except LLMError as error:
             # What is gathered is enough to report from; the report step says so if the model stays down.
             await run.sink(Warning_(phase="gap_check", message=f"Gathering stopped: {plain_reason(error)}"))
@@ -581,7 +771,10 @@ async def _read_unread(run: _Run, reader: read_phase.PageReader) -> None:
         # The body is no longer needed once read; dropping it keeps a long run's memory flat.
         state.fetches[sid] = state.fetches[sid].model_copy(update={"body": b""})
     state.documents.update(documents)
-    state.passages.extend(read_phase.passages_for(documents, first_number=len(state.passages) + 1))
+    made = read_phase.read_passages(documents, first_number=len(state.passages) + 1)
+    state.passages.extend(made.passages)
+    # Words of text a page addressed to the model (defused out of its passages): no query may carry them.
+    state.tainted_words |= made.tainted_words
     read = [ReadPage(source_id=sid, url=state.sources[sid].url, title=state.sources[sid].title)
             for sid in unread if sid in documents and sid in state.sources]
     if read:
@@ -599,16 +792,56 @@ class JudgeVerdicts(BaseModel):
     verdicts: list[JudgeVerdict]
 
 
+def _gap_check_passages(llm: LLMClient, state: ResearchState, options: ResearchOptions, today: dt.date) -> list[Passage]:
+    """The passages the gap check is shown: the report's selection, cut to what fits the fast model's known window."""
+    assert state.plan is not None
+    sub_questions = "\n".join(f"- {sub.question}" for sub in state.plan.sub_questions)
+
+    def build(passages: list[Passage]) -> list[Message]:
+        return [{"role": "system", "content": system_prompt("gap_check", today, cites=False)},
+                {"role": "user", "content": f"Question:\n{state.question}\n\nSub-questions:\n{sub_questions}\n\n"
+                                            f"Passages gathered so far:\n{fence_passages(passages, state.titles())}"}]
+
+    return _fitting_passages(llm, state, options, build, GAP_CHECK_ANSWER_TOKENS, fast=True)[0]
+
+
 def _citation_judge(llm: LLMClient, today: dt.date) -> verify_phase.Judge:
     async def judge(items: list[verify_phase.JudgeItem]) -> dict[str, bool]:
         listing = "\n\n".join(
             f"Item {item.id}\nSentence: {item.sentence}\n" + fence_untrusted(item.id, "", "", item.passage_text)
             for item in items)
-        messages = [{"role": "system", "content": system_prompt("citation_check", today)},
+        messages = [{"role": "system", "content": system_prompt("citation_check", today, cites=False)},
                     {"role": "user", "content": listing}]
-        verdicts = await llm.structured(messages, JudgeVerdicts, task="citation_check", fast=True)
+        try:
+            verdicts = await llm.structured(messages, JudgeVerdicts, task="citation_check", fast=True)
+        except ContextOverflow:
+            if len(items) == 1:
+                raise
+            # A small window: judge the batch in halves (the window is learnt now, so each half is cut to fit).
+            half = len(items) // 2
+            return {**await judge(items[:half]), **await judge(items[half:])}
         return {verdict.id: verdict.supported for verdict in verdicts.verdicts}
     return judge
+
+
+_CITATION_MARKER = re.compile(r"[ \t]*(?:\[\s*(?:p|source\s*)?\d+(?:\s*[,;]\s*(?:p|source\s*)?\d+)*\s*\]|【\s*p?\d+\s*】)",
+                              re.IGNORECASE)
+
+
+def without_citation_markers(text: str) -> str:
+    """`text` without `[p3]`-like markers: an answer from no source has nothing to cite."""
+    return _CITATION_MARKER.sub("", text).strip()
+
+
+def fitted_history(llm: LLMClient, fixed: list[Message], history: list[Message], answer_tokens: int) -> list[Message]:
+    """The newest part of `history` that fits the model's known window beside the `fixed` messages and the answer."""
+    room = llm.prompt_room(answer_tokens)
+    if room is None:
+        return history
+    kept = list(history)
+    while kept and estimate_prompt_tokens([*fixed, *kept]) > room:
+        kept.pop(0)  # the oldest turn goes first
+    return kept
 
 
 def _llm_for_run(run: _Run, llm: LLMClient) -> LLMClient:
@@ -641,7 +874,7 @@ async def plan(
         user = f"Question:\n{question}"
         if context:
             user = f"Earlier conversation (for context):\n{context}\n\n{user}"
-        messages = [{"role": "system", "content": system_prompt("plan", today)}, {"role": "user", "content": user}]
+        messages = [{"role": "system", "content": system_prompt("plan", today, cites=False)}, {"role": "user", "content": user}]
         async with run.phase("plan"):
             research_plan = await client.structured(messages, ResearchPlan, task="plan")
         return Report(
@@ -674,14 +907,20 @@ async def chat(
 
     async def work() -> Report:
         client = _llm_for_run(run, llm)
-        messages = [{"role": "system", "content": system_prompt("chat", today)}, *history,
-                    {"role": "user", "content": question}]
+        await client.context_tokens()
+        answer_tokens = client.answer_room(options.chat_max_output_tokens) or options.chat_max_output_tokens
+        system = {"role": "system", "content": system_prompt("chat", today, cites=False)}
+        question_message = {"role": "user", "content": question}
+        fitted = fitted_history(client, [system, question_message], history, answer_tokens)
+        shown = (lambda text: on_text(without_citation_markers(text))) if on_text is not None else None
         async with run.phase("chat"):
-            answer = await client.complete_long(messages, task="chat", max_tokens=options.chat_max_output_tokens,
-                                                on_text=on_text)
-        if not answer.text:
+            answer = await client.complete_long([system, *fitted, question_message], task="chat",
+                                                max_tokens=answer_tokens, on_text=shown)
+        # No source was shown, so a marker could only be copied from the history or made up: none is shown.
+        text = without_citation_markers(answer.text)
+        if not text:
             raise LLMError("the model returned an empty answer")
-        return Report(question=question, title=question[:80], mode="chat", body_markdown=answer.text,
+        return Report(question=question, title=question[:80], mode="chat", body_markdown=text,
                       usage=run.state.usage_summary(), phase_seconds=run.state.phase_seconds,
                       partial=answer.cut_off, partial_reason=_chat_cut_off_reason(client, options) if answer.cut_off else None)
 
@@ -720,12 +959,21 @@ async def answer_from_passages(
         if passages:
             ranked = rank_passages_for_queries([question], passages, 12)[question]
             selected = [passage for passage, _score in ranked] or passages[:12]
+        await client.context_tokens()
+        answer_tokens = client.answer_room(options.chat_max_output_tokens) or options.chat_max_output_tokens
+        system = {"role": "system", "content": system_prompt("answer", today)}
+
+        def asked(shown: list[Passage]) -> Message:
+            return {"role": "user", "content": f"Follow-up question:\n{question}\n\nSource passages:\n"
+                                               + fence_passages(shown, titles)}
+
+        room = client.prompt_room(answer_tokens)
+        while room is not None and len(selected) > 1 and estimate_prompt_tokens([system, asked(selected)]) > room:
+            selected.pop()  # the least relevant passage goes first
+        fitted = fitted_history(client, [system, asked(selected)], history, answer_tokens)
         async with run.phase("answer"):
-            messages = [{"role": "system", "content": system_prompt("answer", today)}, *history,
-                        {"role": "user", "content": f"Follow-up question:\n{question}\n\nSource passages:\n"
-                                                    + fence_passages(selected, titles)}]
-            answer = await client.complete_long(messages, task="answer", max_tokens=options.chat_max_output_tokens,
-                                                on_text=on_text)
+            answer = await client.complete_long([system, *fitted, asked(selected)], task="answer",
+                                                max_tokens=answer_tokens, on_text=on_text)
             run.state.draft = answer.text
         async with run.phase("verify"):
             run.state.audit = await verify_phase.verify_draft(
@@ -734,11 +982,14 @@ async def answer_from_passages(
         audit = run.state.audit
         if not audit.body_markdown.strip():
             raise LLMError("the model returned an empty answer")
+        reason = _chat_cut_off_reason(client, options) if answer.cut_off else None
+        if audit.audit.sentences_total and not audit.audit.sentences_verified:
+            reason = reason or NOTHING_SUPPORTED_REASON.replace("report", "answer")
         return Report(
             question=question, title=question[:80], mode="followup", body_markdown=audit.body_markdown,
             sources=audit.sources, cited_passages=audit.cited_passages, audit=audit.audit,
             usage=run.state.usage_summary(), phase_seconds=run.state.phase_seconds,
-            partial=answer.cut_off, partial_reason=_chat_cut_off_reason(client, options) if answer.cut_off else None,
+            partial=reason is not None, partial_reason=reason,
         )
 
     return await run.finish(work)

@@ -82,11 +82,16 @@ FITTING_CHARACTERS_PER_TOKEN = 3
 TEMPLATE_TOKENS_PER_MESSAGE = 8
 CONTEXT_MARGIN_TOKENS = 64
 MIN_ANSWER_TOKENS = 256
+# A long answer (a report) is given at most this fraction of a known window: 2,048 tokens of an 8,192 window.
+ANSWER_SHARE_OF_WINDOW = 4
 # A window learnt from an overflow error that named no size: this share of what was asked for.
 UNNAMED_WINDOW_SHARE = 0.75
 DISCOVERY_TIMEOUT_SECONDS = 5.0
 # Ollama runs a model with this window unless told otherwise (num_ctx), whatever the model was trained for.
 OLLAMA_DEFAULT_CONTEXT_TOKENS = 4_096
+# Grammar-constrained JSON (llama.cpp's json_object) lets a weak model write white space without end: a structured
+# answer that has written this much white space in a row is over, whatever comes after.
+RUNAWAY_WHITESPACE = 64
 
 
 class LLMError(Exception):
@@ -827,11 +832,12 @@ class LLMClient:
         return None if window is None else max(0, window - answer_tokens - CONTEXT_MARGIN_TOKENS)
 
     def answer_room(self, max_tokens: int | None, *, fast: bool = False) -> int | None:
-        """`max_tokens`, made to leave at least half the known window for the prompt."""
+        """`max_tokens`, made to leave the prompt three quarters of the known window (the passages are what answers)."""
         window = self.known_context_tokens(fast=fast)
         if window is None:
             return max_tokens
-        return min(max_tokens or window // 2, max(MIN_ANSWER_TOKENS, window // 2))
+        share = max(MIN_ANSWER_TOKENS, window // ANSWER_SHARE_OF_WINDOW)
+        return min(max_tokens or share, share)
 
     def _fitted_max_tokens(self, messages: Sequence[Message], model: str, max_tokens: int | None) -> int | None:
         """The answer's room within the known window; raises ContextOverflow when the prompt leaves too little."""
@@ -845,6 +851,18 @@ class LLMClient:
                 f"the prompt (about {prompt:,} tokens) leaves no room for an answer in the model's {window:,}-token "
                 "context window", context_tokens=window)
         return min(max_tokens, room) if max_tokens else room
+
+    def _fits_with_room(self, messages: Sequence[Message], model: str, max_tokens: int | None,
+                        sent: int | None) -> bool:
+        """Whether, in the window now known, the prompt still leaves the answer the room it deserves (its share of
+        the window, or all it asked for) and less than was sent: then it is worth asking again as it is."""
+        window = self.config.context_tokens or self.quirks_for(model).context_tokens or 0
+        deserved = max(MIN_ANSWER_TOKENS, window // ANSWER_SHARE_OF_WINDOW)
+        try:
+            fitted = self._fitted_max_tokens(messages, model, max_tokens)
+        except ContextOverflow:
+            return False
+        return fitted != sent and (fitted or 0) >= min(max_tokens or deserved, deserved)
 
     # -- calls ----------------------------------------------------------------------------------------------
 
@@ -988,7 +1006,8 @@ class LLMClient:
             arguments = self._arguments(quirks, messages, model, limit, temperature, response_format)
             try:
                 if quirks.streams:
-                    answer, usage = await self._streamed(quirks, arguments, on_text, shown_before)
+                    answer, usage = await self._streamed(quirks, arguments, on_text, shown_before,
+                                                         structured=response_format is not None)
                 else:
                     answer, usage = await self._whole(arguments)
                 break
@@ -1004,7 +1023,7 @@ class LLMClient:
                 window = context_overflow_window(error)
                 if window is not False:
                     learnt = quirks.learn_window(window or None, estimate_prompt_tokens(messages) + (limit or 0))
-                    if self.config.context_tokens is None and self._fitted_max_tokens(messages, model, max_tokens) != limit:
+                    if self.config.context_tokens is None and self._fits_with_room(messages, model, max_tokens, limit):
                         continue  # the prompt fits the window now known once the answer's room is cut to match
                     raise ContextOverflow(
                         f"the prompt does not fit the model's context window ({learnt:,} tokens)",
@@ -1056,7 +1075,7 @@ class LLMClient:
         return _completion_answer(completion), completion.usage
 
     async def _streamed(self, quirks: EndpointQuirks, arguments: dict[str, Any], on_text: OnText | None,
-                        shown_before: str) -> tuple[ChatAnswer, CompletionUsage | None]:
+                        shown_before: str, *, structured: bool = False) -> tuple[ChatAnswer, CompletionUsage | None]:
         """One completion streamed (server-sent events) within the first-token and idle limits; `on_text` told each
         time the visible text (after `shown_before`, for a continuation) grows or changes; `reasoning_content` deltas
         count as the model working but are never read, as in `_completion_answer`."""
@@ -1086,10 +1105,15 @@ class LLMClient:
                             if on_text is not None and visible != shown:
                                 shown = visible
                                 await on_text(visible)
+                            if structured and len(raw) > RUNAWAY_WHITESPACE and not raw[-RUNAWAY_WHITESPACE:].strip():
+                                finish_reason = finish_reason or "stop"
+                                break  # JSON mode writing white space without end: what came before is the answer
                     if writing:
                         limit.reschedule(loop.time() + self.config.idle_timeout_seconds)
         except TimeoutError:
-            raise self._timeout("idle" if writing else "first_token") from None
+            if finish_reason is None:
+                raise self._timeout("idle" if writing else "first_token") from None
+            # The answer was whole; only its tail (a usage chunk, the end of the stream) was slow to come.
         except openai.APIStatusError:
             raise
         except openai.APIError as error:
@@ -1102,6 +1126,11 @@ class LLMClient:
                 await stream.close()  # a request we stopped reading is also a connection the server sees closed
         if chunks == 0 and stream is not None and "event-stream" not in stream.response.headers.get("content-type", ""):
             raise _NotStreamed
+        if writing and finish_reason is None:
+            # Ended without saying why: llama-cpp-python's server, for one, cuts a stream short when another request
+            # arrives. What came is not the model's whole answer.
+            raise LLMUnavailable("the LLM endpoint ended its answer before it was finished (another request may "
+                                 "have interrupted it: run one request at a time, WORKER_CONCURRENCY=1)")
         return ChatAnswer(content=raw, finish_reason=finish_reason), usage
 
     def _arguments(

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 from research.audit import AuditResult, verify_draft
 from research.audit.sentences import sentence_spans
-from research.llm import LLMAuthError, LLMError, LLMUnavailable
+from research.llm import LLMAuthError, LLMError, LLMTimeout, LLMUnavailable
 from research.models import Passage, SearchResult
 from research.phases.decompose import Decomposition
 from research.rank import rank_passages_for_queries
@@ -34,6 +34,8 @@ def writing_failure(error: LLMError) -> str:
     """Why the report was not written, in plain words, e.g. "the model stopped answering (HTTP 503) while writing the report"."""
     if isinstance(error, LLMAuthError):
         return "the model refused our credentials (check LLM_API_KEY) while writing the report"
+    if isinstance(error, LLMTimeout):
+        return f"the model was too slow while writing the report: {error}"
     if isinstance(error, LLMUnavailable):
         detail = f"HTTP {error.status}" if error.status else str(error)
         return f"the model stopped answering ({detail}) while writing the report"

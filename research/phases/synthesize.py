@@ -118,8 +118,8 @@ def claims_markdown(title: str, claims: list[CitedClaim]) -> str:
 
 async def cited_claims(question: str, plan: Decomposition, passages: list[Passage], *,
                        titles: dict[str, tuple[str, str]], llm: LLMClient, today: dt.date, title: str,
-                       context: str | None = None) -> str:
+                       context: str | None = None, max_tokens: int | None = None) -> str:
     """The simpler way to cite: the answer as JSON claims, rendered as a cited Markdown draft ("" when none)."""
     messages = claims_messages(question, plan, passages, titles=titles, today=today, context=context)
-    answer = await llm.structured(messages, CitedClaims, task=CLAIMS_TASK)
+    answer = await llm.structured(messages, CitedClaims, task=CLAIMS_TASK, max_tokens=max_tokens)
     return claims_markdown(title, answer.claims)
