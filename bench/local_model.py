@@ -102,7 +102,7 @@ def cli_run(question: str, environment: dict[str, str], workdir: Path) -> Outcom
     (workdir / "stderr.log").write_text(process.stderr)
     report = Report.model_validate_json(out.read_text()) if out.exists() else None
     # The CLI exits 0 for a finished run (partial included) and 1 otherwise.
-    return Outcome("cli", state_of("done" if report is not None and "ended done" in process.stderr else "failed", report),
+    return Outcome("cli", state_of("done" if process.returncode == 0 else "failed", report),
                    seconds, report, detail=process.stderr.strip().splitlines()[-1] if process.stderr.strip() else "")
 
 

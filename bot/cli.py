@@ -149,7 +149,7 @@ def _run_in_terminal(mode: str, question: str, options: dict, output_format: str
     run_id = create_run(sessions, place=TERMINAL, requester=TERMINAL_USER, mode=mode, question=question, options=options)
     console = Console(stderr=True)
 
-    async def main() -> str:
+    async def main() -> tuple[str, bool]:
         cancel = CancelToken()
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGINT, cancel.cancel, "you (Ctrl-C)")
@@ -164,10 +164,10 @@ def _run_in_terminal(mode: str, question: str, options: dict, output_format: str
         loop.remove_signal_handler(signal.SIGINT)
         await tools.llm.aclose()
         await tools.search_http.aclose()
-        return final.state
+        return final.state, final.partial
 
     try:
-        state = asyncio.run(main())
+        state, partial = asyncio.run(main())
     finally:
         if tools.cpu_pool is not None:
             tools.cpu_pool.shutdown(cancel_futures=True)
@@ -175,7 +175,8 @@ def _run_in_terminal(mode: str, question: str, options: dict, output_format: str
     if text is None:
         typer.echo(f"Run {run_id} ended {state} with no report.", err=True)
         raise typer.Exit(code=1)
-    _write_report(text, output_format, out, done_line=f"Run {run_id} ended {state}")
+    # A partial run finished (exit 0) without doing all that was asked: it never reads "done".
+    _write_report(text, output_format, out, done_line=f"Run {run_id} ended {'partial' if partial and state == 'done' else state}")
     if state != "done":
         raise typer.Exit(code=1)
 

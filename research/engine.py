@@ -437,11 +437,11 @@ async def _research(run: _Run, question: str, plan: Any, context: str | None,
     today = tools.today()
     reader = read_phase.PageReader(cpu_pool=tools.cpu_pool)
     question_search: search_phase.QuestionSearch | None = None
+    # The model's window is asked of the server (once per process) while the run plans and gathers; the prompts that
+    # may not fit (gap check, report) wait for it.
+    window = asyncio.ensure_future(asyncio.gather(llm.context_tokens(), llm.context_tokens(fast=True)))
     try:
         async with run.phase("decompose"):
-            # Asked of the server once per process: prompts are cut to fit the window from the first call on.
-            await llm.context_tokens()
-            await llm.context_tokens(fast=True)
             # Registered first, so that the question's own search cannot take the ids that put them first.
             for url in decompose_phase.priority_urls(question):
                 if router.registry.is_blocked(url):
@@ -473,13 +473,14 @@ async def _research(run: _Run, question: str, plan: Any, context: str | None,
         try:
             async with asyncio.timeout(max(0.0, budget.gathering_seconds_left)):
                 await _gather(run, question, options, budget, router, fetcher, llm, tools, today,
-                              reader=reader, question_search=question_search)
+                              reader=reader, question_search=question_search, window=window)
         except TimeoutError:
             state.partial_reason = state.partial_reason or f"time budget of {options.max_seconds:g} s reached"
         await _read_unread(run, reader)
         if not state.passages:
             state.passages = read_phase.snippet_passages(list(state.sources.values()))
 
+        await asyncio.wait([window])
         await run.progress(phase_progress("synthesize", 0.0))
         selected: list[Passage] = []
         writing_error: LLMError | None = None
@@ -518,6 +519,9 @@ async def _research(run: _Run, question: str, plan: Any, context: str | None,
             # The engine's own notice cites nothing and claims nothing: auditing it could only mark it unverified.
             state.audit = verify_phase.AuditResult(body_markdown=state.draft or "")
     finally:
+        if not window.done():
+            window.cancel()
+        await asyncio.gather(window, return_exceptions=True)
         if question_search is not None:
             question_search.cancel()
         reader.cancel()
@@ -701,7 +705,8 @@ async def _cite_through_claims(run: _Run, question: str, context: str | None, op
 
 async def _gather(run: _Run, question: str, options: ResearchOptions, budget: Budget, router: SearchRouter,
                   fetcher: SafeFetcher, llm: LLMClient, tools: ResearchTools, today: dt.date, *,
-                  reader: read_phase.PageReader, question_search: search_phase.QuestionSearch | None = None) -> None:
+                  reader: read_phase.PageReader, question_search: search_phase.QuestionSearch | None = None,
+                  window: asyncio.Future[Any] | None = None) -> None:
     """Rounds of search → fetch → read → gap check until covered, out of rounds, or out of budget."""
     state = run.state
     assert state.plan is not None
@@ -745,6 +750,8 @@ async def _gather(run: _Run, question: str, options: ResearchOptions, budget: Bu
             if round_number < options.max_rounds:
                 state.partial_reason = reason
             return
+        if window is not None:
+            await asyncio.wait([window])  # the gap check's passages are cut to the window
         try:
             async with run.phase("gap_check"):
                 texts = await gap_phase.check_gaps(question, state.plan, _gap_check_passages(llm, state, options, today),
