@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from tests.fakes.server import LoopbackServer, free_port
+from tests.fakes.server import LoopbackServer, free_port, read_body
 
 
 @dataclass
@@ -75,15 +75,10 @@ class ModelProxy:
         async def app(scope: dict[str, Any], receive: Callable[[], Any], send: Callable[[dict[str, Any]], Any]) -> None:
             if scope["type"] != "http":
                 return
-            body = bytearray()
-            while True:
-                message = await receive()
-                body += message.get("body", b"")
-                if not message.get("more_body"):
-                    break
+            body = await read_body(receive)
             call = None
             if scope["path"].endswith("/chat/completions"):
-                call = ProxiedCall(digest=hashlib.sha256(bytes(body)).hexdigest(), arrived=time.monotonic())
+                call = ProxiedCall(digest=hashlib.sha256(body).hexdigest(), arrived=time.monotonic())
                 with self._lock:
                     self.calls.append(call)
             headers = [(key.decode("latin-1"), value.decode("latin-1")) for key, value in scope["headers"]
@@ -99,7 +94,7 @@ class ModelProxy:
             watcher = asyncio.create_task(watch())
             try:
                 async with httpx.AsyncClient(timeout=None) as client:
-                    async with client.stream(scope["method"], url, content=bytes(body), headers=headers) as upstream:
+                    async with client.stream(scope["method"], url, content=body, headers=headers) as upstream:
                         if call is not None:
                             call.status = upstream.status_code
                         await send({"type": "http.response.start", "status": upstream.status_code,

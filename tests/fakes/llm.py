@@ -63,7 +63,7 @@ import httpx
 from research.llm import LLMConfig
 from research.untrusted import parse_fenced_sources
 from tests.fakes.local_llm_server import LocalQueue, LocalServer, LocalWork
-from tests.fakes.server import LoopbackServer, RecordedRequest, RequestLog, free_port
+from tests.fakes.server import LoopbackServer, RecordedRequest, RequestLog, free_port, read_body
 
 FAKE_MODEL = "fake-model"
 TRANSPORT_BASE_URL = "http://fake-llm.invalid/v1"
@@ -736,18 +736,13 @@ class FakeLLM:
         return app
 
     async def _serve_asgi(self, scope: dict[str, Any], receive: Callable[[], Any], send: Callable[[dict], Any]) -> None:
-        body = bytearray()
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         headers = {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in scope["headers"]}
         query = dict(httpx.QueryParams(scope.get("query_string", b"").decode("latin-1")))
-        record = self._record(scope["method"], headers.get("host", "").split(":")[0], scope["path"], query, headers, bytes(body))
+        record = self._record(scope["method"], headers.get("host", "").split(":")[0], scope["path"], query, headers, body)
         watcher: asyncio.Task[None] | None = None
         try:
-            outcome = await self._prepare(scope["method"], scope["path"], bytes(body))
+            outcome = await self._prepare(scope["method"], scope["path"], body)
             if isinstance(outcome, _LocalJob):
                 watcher = asyncio.get_running_loop().create_task(_watch_disconnect(receive, outcome))
             head = await outcome.head(self._sleep)

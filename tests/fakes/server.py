@@ -54,6 +54,16 @@ class RequestLog:
 ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
 
 
+async def read_body(receive: Callable[[], Awaitable[dict[str, Any]]]) -> bytes:
+    """An ASGI request's whole body, however many messages it came in."""
+    body = bytearray()
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return bytes(body)
+
+
 def free_port() -> int:
     """Ask the kernel for a free TCP port on 127.0.0.1."""
     with socket.socket() as probe:

@@ -27,7 +27,7 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from research.netguard import AllowList
 from tests.fakes.resolver import DictResolver
-from tests.fakes.server import LoopbackServer, RecordedRequest, RequestLog, free_port
+from tests.fakes.server import LoopbackServer, RecordedRequest, RequestLog, free_port, read_body
 
 KIB = 1024
 MIB = 1024 * 1024
@@ -306,7 +306,7 @@ class FakeWeb:
             return
         headers = {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in scope["headers"]}
         query = scope.get("query_string", b"").decode("latin-1")
-        body = await self._request_body(receive)
+        body = await read_body(receive)
         host = _host_without_port(headers.get("host", ""))
         record = RecordedRequest(
             method=scope["method"], host=host, path=scope["path"],
@@ -323,14 +323,6 @@ class FakeWeb:
             await self._respond(page, receive, send)
         finally:
             record.finished_at = time.monotonic()
-
-    async def _request_body(self, receive: Callable[[], Any]) -> bytes:
-        body = bytearray()
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                return bytes(body)
 
     async def _respond(self, page: Page, receive: Callable[[], Any], send: Callable[[dict], Any]) -> None:
         response_headers = {key.lower(): value for key, value in page.headers.items()}
