@@ -14,6 +14,8 @@ from typing import Literal, TypedDict
 from research.rank import estimate_tokens
 
 TRUNCATION_MARKER = " […shortened to fit the context budget]"
+# The most of a model's context window the thread's history may take: the rest is for passages and the answer.
+THREAD_SHARE_OF_WINDOW = 4
 # Fewer tokens than this left for a cut turn: a few words out of their context mislead more than they help.
 MIN_SHORTENED_TOKENS = 32
 

@@ -24,7 +24,7 @@ from research.llm import OnText
 from research.models import Passage as FoundPassage
 from research.models import SearchResult
 from research.report import Report, audit_line, render_markdown
-from research.thread_context import Turn, fit_thread_context
+from research.thread_context import THREAD_SHARE_OF_WINDOW, Turn, fit_thread_context
 from storage.db import database_now
 from storage.models import Citation, Event, Message, Passage, Run, Source, utcnow
 from chat.state import RunProgress, apply_event, initial_progress
@@ -402,7 +402,12 @@ async def _execute_started(started: StartedAttempt, owner: str, show_first: OnSt
             return earlier, *(_stored_passages(session, run) if run.mode == "followup" else ([], {}))
 
     earlier, passages, sources = await asyncio.to_thread(read_inputs)  # off the loop the runs share
-    history = fit_thread_context(earlier, run.question, options.max_context_tokens)
+    # The thread's history takes at most CHAT_MAX_CONTEXT_TOKENS, and at most a quarter of the model's window, so the
+    # passages and the answer keep their room (the window is asked of the server once per process).
+    window = await services.tools.llm.context_tokens()
+    history = fit_thread_context(earlier, run.question, min(options.max_context_tokens,
+                                                             window // THREAD_SHARE_OF_WINDOW if window else
+                                                             options.max_context_tokens))
 
     common = {"events": recorder, "cancel": cancel, "state": state, "first_seq": first_seq}
     if run.mode == "research":

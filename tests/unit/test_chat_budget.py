@@ -117,6 +117,24 @@ def test_a_mention_in_a_long_thread_sends_the_model_a_prompt_within_the_context_
     assert request.max_tokens == options.chat_max_output_tokens
 
 
+def test_in_a_small_context_window_the_thread_takes_at_most_a_quarter_of_it_and_the_prompt_fits(
+        session_factory: sessionmaker[Session]) -> None:
+    world = World(session_factory)
+    outcome = world.handle(kind="mention", text=QUESTION, thread="1500.0", message_id="1500.9",
+                           thread_history=long_thread(200))
+    model = FakeLLM(default_research_model, context_window=4096, context_discovery="llama_cpp")
+    options = ResearchOptions()
+
+    asyncio.run(execute(outcome.run_id, None, services=RunnerServices(sessions=session_factory, tools=chat_tools(model),
+                                                                     options=options)))
+
+    assert world.run(outcome.run_id).state == "done"
+    [request] = model.chat_requests
+    thread = [message for message in request.messages if message["role"] != "system"][:-1]
+    assert thread and sum(estimate_tokens(message["content"]) for message in thread) <= 4096 // 4
+    assert request.prompt_tokens + (request.max_tokens or 0) <= 4096
+
+
 # -- a follow-up's token budget ---------------------------------------------------------------------------
 
 PASSAGE_TEXT = ("The harbour entrance array of tidal turbines delivered steady output across the spring tides, "
