@@ -245,10 +245,11 @@ def ai_framing_line(report: Report) -> str:
     listed; pages the run read but the report does not cite; or no web source at all."""
     model = _single_line(report.model or "")
     author = f"Written by AI ({model})" if model else "Written by AI"
-    if report.sources:
+    if report.sources and (report.cited_passages or re.search(r"\[\d+\]", report.body_markdown)):
         return f"{author} from the sources listed — check the citations."
-    if report.usage.pages_fetched:
-        return (f"{author} after reading {_plural(report.usage.pages_fetched, 'web page')}, but it cites none of them "
+    read = max(report.usage.pages_fetched, len(report.sources))
+    if read:
+        return (f"{author} after reading {_plural(read, 'web page')}, but it cites none of them "
                 "— check it before relying on it.")
     return f"{author} without web sources — check it before relying on it."
 

@@ -50,3 +50,15 @@ def test_slack_discord_and_exports_all_carry_the_framing_line() -> None:
     assert any(escape_text(FROM_SOURCES) in message.text for message in discord.messages)  # shown as typed
     assert FROM_SOURCES in render_markdown(report())
     assert FROM_SOURCES in render_html(report())
+
+
+def test_an_unfinished_report_listing_the_pages_it_read_says_it_cites_none_of_them() -> None:
+    from research.report import Report, ReportSource, ai_framing_line
+
+    unfinished = Report(title="Research incomplete", body_markdown="The run ended before the report was written.",
+                        sources=[ReportSource(number=1, source_id="s1", url="https://a.example", title="A"),
+                                 ReportSource(number=2, source_id="s2", url="https://b.example", title="B")],
+                        partial=True, partial_reason="the model was too slow")
+
+    assert ai_framing_line(unfinished).endswith("after reading 2 web pages, but it cites none of them — check it "
+                                                "before relying on it.")
