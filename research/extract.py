@@ -222,12 +222,6 @@ def fallback_html_text(html: str) -> str:
     return _fallback_text_of_tree(tree) if tree is not None else ""
 
 
-def html_title(html: str) -> str | None:
-    """The text of a page's <title> element, or None."""
-    tree = parse_html(html)
-    return _title_of_tree(tree) if tree is not None else None
-
-
 def extract_pdf(
     url: str,
     body: bytes,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import datetime as dt
 import html
@@ -633,4 +633,6 @@ def parse_report_json(text: str | bytes) -> Report:
     return Report.model_validate_json(text)
 
 
-RENDERERS: dict[str, Callable[[Report], str]] = {"markdown": render_markdown, "html": render_html, "json": render_json}
+ExportFormat = Literal["md", "html", "json"]
+# How a report is exported, by format: the one map the chat's export, the CLI and the history all use.
+EXPORTERS: dict[ExportFormat, Callable[[Report], str]] = {"md": render_markdown, "html": render_html, "json": render_json}

@@ -9,7 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from chat.message import Place
-from research.report import Report, render_html, render_json, render_markdown
+from research.report import EXPORTERS, Report
 from storage.feedback import FeedbackCounts, feedback_counts
 from storage.models import Conversation, Message, Run
 
@@ -37,8 +37,7 @@ def export_run(sessions: sessionmaker[Session], run_id: int, output_format: str)
             return None
         report = Report.model_validate(run.report_json)
         report.run_id = run_id
-    renderers = {"md": render_markdown, "html": render_html, "json": render_json}
-    return renderers[output_format](report)
+    return EXPORTERS[output_format](report)
 
 
 RUNS_HEADER = f"{'ID':>5}  {'STATE':<9}  {'MODE':<8}  {'CREATED':<16}  {'FEEDBACK':<10}  QUESTION"

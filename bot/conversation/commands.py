@@ -8,6 +8,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from research.report import ExportFormat
+
 Mode = Literal["research", "plan", "chat"]
 MAX_QUESTION_CHARS = 2_000
 KNOWN_OPTIONS = "--since DATE, --site DOMAIN (repeatable), --deep, --quick"
@@ -38,7 +40,6 @@ _CONTINUE = re.compile(r"^\s*(?:continue|keep going|carry on)\s*[.!]*\s*$", re.I
 _HELP = re.compile(r"^\s*(?:help|\?)\s*$", re.IGNORECASE)
 _HISTORY = re.compile(r"^\s*history\s*[.!?]*\s*$", re.IGNORECASE)
 _EXPORT = re.compile(r"^\s*export(?:\s+(?:as\s+)?(md|markdown|html|json))?\s*[.!]*\s*$", re.IGNORECASE)
-ExportFormat = Literal["md", "html", "json"]
 
 
 class UsageProblem(Exception):

@@ -18,7 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from bot.conversation import commands
-from bot.conversation.commands import ExportFormat, Mode, Request, UsageProblem
+from bot.conversation.commands import Mode, Request, UsageProblem
 from bot.conversation.events import ChatEvent, Outcome, Reply
 from bot.conversation.feedback import record_feedback
 from bot.conversation.history import PRIVATE, run_history
@@ -29,7 +29,7 @@ from chat.history import RunHistory
 from chat.message import FileUpload, MessageRef, Messenger, Place
 from chat.render import PERSON, PlatformRenderer
 from chat.state import initial_progress
-from research.report import Report, render_html, render_json, render_markdown
+from research.report import EXPORTERS, ExportFormat, Report
 from storage.models import TERMINAL_STATES, Conversation, Message, Run
 from storage.quotas import DailyQuotas, quota_reached
 from worker.queue import Queue, waiting
@@ -482,9 +482,6 @@ class ConversationCore:
         with self.sessions() as session:
             return run_history(session, platform=event.platform, workspace=event.workspace, channel=event.channel,
                                user=event.user)
-
-
-EXPORTERS: dict[ExportFormat, Callable[[Report], str]] = {"md": render_markdown, "html": render_html, "json": render_json}
 
 
 def _has_sources(run: Run) -> bool:
