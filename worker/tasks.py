@@ -93,10 +93,21 @@ _platforms: list[OutboundPlatform] = []
 def configure(settings: Settings, *, platforms: Sequence[OutboundPlatform] = ()) -> Celery:
     """Point the app at the broker of these settings (the embedded Redis when REDIS_URL is empty); a worker
     process also gets the chat platforms it delivers to (the composition root's bundles)."""
+    global _settings
     app.conf.broker_url = celery_broker_url(resolve_redis_url(settings.redis_url, settings.data_dir))
+    # The settings the command was started with (`--concurrency N` included) size every pool of the runtime.
+    _settings = settings
     if platforms:
         _platforms[:] = platforms
     return app
+
+
+_settings: Settings | None = None
+
+
+def worker_settings() -> Settings:
+    """The settings `configure` was given, else those of the environment."""
+    return _settings or get_settings()
 
 
 _runtime_lock = threading.Lock()
@@ -110,7 +121,7 @@ def runtime():  # type: ignore[no-untyped-def]
         if _runtime is None:
             from worker.service import WorkerRuntime
 
-            _runtime = WorkerRuntime(get_settings(), send_task=send_task, platforms=_platforms)
+            _runtime = WorkerRuntime(worker_settings(), send_task=send_task, platforms=_platforms)
         return _runtime
 
 
@@ -158,7 +169,7 @@ _ops_server: OpsServer | None = None
 def _serve_health_and_metrics(**_: object) -> None:
     # From the start, before the broker is reached: a broker down at start-up is then a failing part, not silence.
     global _ops_server
-    settings = get_settings()
+    settings = worker_settings()
     _ops_server = start_ops_server(settings.worker_http_port, process_health(settings, watch_workers=False),
                                    setting="WORKER_HTTP_PORT")
 

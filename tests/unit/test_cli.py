@@ -114,3 +114,27 @@ def test_request_urls_are_not_logged_at_info(tmp_path) -> None:
         root.handlers[:] = saved_handlers
         root.setLevel(saved_level)
         httpx_logger.setLevel(saved_httpx_level)
+
+
+def test_worker_concurrency_from_the_command_line_sizes_the_runtime_as_well_as_celery(tmp_path, monkeypatch) -> None:
+    import worker.tasks as tasks
+
+    started: list[list[str]] = []
+    monkeypatch.setenv("DATABASE_URL", f"sqlite:///{tmp_path}/deepthread.db")
+    monkeypatch.setenv("LLM_MODEL", "m")
+    monkeypatch.setattr(tasks, "_settings", None)
+    monkeypatch.setattr(tasks.app, "worker_main", lambda argv: started.append(argv))
+    monkeypatch.setattr(tasks.app.conf, "broker_url", tasks.app.conf.broker_url)
+
+    result = CliRunner().invoke(app, ["worker", "--concurrency", "7"])
+
+    assert result.exit_code == 0, result.output
+    assert "--concurrency=7" in started[0]
+    # The runtime (database pool, loop threads, Redis pools) is built from them too, not from the environment's.
+    import worker.service
+
+    built: list[object] = []
+    monkeypatch.setattr(tasks, "_runtime", None)
+    monkeypatch.setattr(worker.service, "WorkerRuntime", lambda settings, **_: built.append(settings) or settings)
+    tasks.runtime()
+    assert [settings.worker_concurrency for settings in built] == [7]  # type: ignore[attr-defined]
