@@ -265,6 +265,11 @@ def load_settings(**overrides: Any) -> Settings:
         raise SettingsError(describe_validation_error(error)) from None
 
 
+def setting_default(name: str) -> Any:
+    """A setting's default value, for code that keeps one beside it (a class's own default), so there is one."""
+    return Settings.model_fields[name].get_default(call_default_factory=True)
+
+
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
     """The process-wide settings, read once."""

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import and_, func, not_, select
 from sqlalchemy.orm import Session
 
+from config import setting_default
 from storage.models import Event, Run
 
 ONE_DAY = dt.timedelta(days=1)
@@ -23,8 +24,8 @@ class DailyQuotas(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    runs_per_user: int = Field(default=0, ge=0)
-    cost_per_workspace: float = Field(default=0.0, ge=0)
+    runs_per_user: int = Field(default=setting_default("daily_runs_per_user"), ge=0)
+    cost_per_workspace: float = Field(default=setting_default("daily_cost_per_workspace"), ge=0)
 
     @property
     def enabled(self) -> bool:

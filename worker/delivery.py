@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, joinedload, sessionmaker
 
+from config import setting_default
 from chat.message import AnswerStreaming, Messenger, MessageRef, MessengerError, Place
 from chat.platform import Outbound
 from chat.render import PlatformRenderer
@@ -64,9 +65,9 @@ class DeliveryRetry(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    max_attempts: int = Field(default=8, gt=0)
-    first_delay_seconds: float = Field(default=30.0, gt=0)
-    max_delay_seconds: float = Field(default=1800.0, gt=0)
+    max_attempts: int = Field(default=setting_default("delivery_max_attempts"), gt=0)
+    first_delay_seconds: float = Field(default=setting_default("delivery_retry_seconds"), gt=0)
+    max_delay_seconds: float = Field(default=setting_default("delivery_retry_max_seconds"), gt=0)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> DeliveryRetry:

@@ -9,6 +9,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+from config import setting_default
 from chat.state import RunProgress
 from ops.metrics import StatusEdit, record_status_edit
 from storage.shared_limits import EditBucketRules
@@ -41,7 +42,7 @@ class InMemoryEditBucket(EditBucketRules):
     def __init__(
         self,
         *,
-        capacity: int = 40,
+        capacity: int = setting_default("status_edits_per_minute"),
         per_seconds: float = 60.0,
         reserve_fraction: float = 0.25,
         clock: Clock = time.monotonic,

@@ -17,6 +17,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from config import setting_default
 from bot.conversation import commands
 from bot.conversation.commands import Mode, Request, UsageProblem
 from bot.conversation.events import ChatEvent, Outcome, Reply
@@ -47,8 +48,8 @@ class CoreSettings:
     """The settings the core reads: who may cancel any run, which reactions cancel, queue cap and daily quotas."""
 
     admins: frozenset[str] = frozenset()
-    cancel_emoji: frozenset[str] = frozenset({"x", "octagonal_sign", "❌", "🛑"})
-    max_queued_per_user: int = 3
+    cancel_emoji: frozenset[str] = frozenset(setting_default("cancel_emoji"))
+    max_queued_per_user: int = setting_default("max_queued_per_user")
     daily_quotas: DailyQuotas = DailyQuotas()
 
     @classmethod

@@ -23,6 +23,7 @@ import datetime as dt
 import re
 from typing import Any
 
+from config import setting_default
 from chat.history import NO_RUNS, RunHistory, RunSummary, history_listing, mode_name
 from chat.message import Content, FileUpload, Place
 from chat.slack.feedback import with_feedback_buttons
@@ -372,7 +373,7 @@ class SlackRenderer:
 
     platform = "slack"
 
-    def __init__(self, *, cancel_emoji: str = "x", max_messages: int = DEFAULT_MAX_MESSAGES,
+    def __init__(self, *, cancel_emoji: str = setting_default("cancel_emoji")[0], max_messages: int = DEFAULT_MAX_MESSAGES,
                  use_markdown_blocks: bool = True) -> None:
         self.cancel_emoji = cancel_emoji
         self.max_messages = max_messages

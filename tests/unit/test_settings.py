@@ -100,3 +100,22 @@ def test_cli_reports_a_bad_setting_in_one_line_and_exits_2(monkeypatch: pytest.M
     result = CliRunner().invoke(app, ["doctor"])
     assert result.exit_code == 2
     assert result.output.strip().splitlines() == ["Invalid setting RESEARCH_MAX_SEARCHES: Input should be a valid integer, unable to parse string as an integer"]
+
+
+def test_the_defaults_classes_keep_beside_their_settings_are_the_settings_defaults(monkeypatch) -> None:
+    from bot.conversation.core import CoreSettings
+    from chat.slack.render import SlackRenderer
+    from config import Settings
+    from worker.delivery import DeliveryRetry
+    from worker.progress import InMemoryEditBucket
+
+    defaults = Settings(_env_file=None)
+    retry, core = DeliveryRetry(), CoreSettings()
+    assert (retry.max_attempts, retry.first_delay_seconds, retry.max_delay_seconds) == (
+        defaults.delivery_max_attempts, defaults.delivery_retry_seconds, defaults.delivery_retry_max_seconds)
+    assert core.cancel_emoji == frozenset(defaults.cancel_emoji)
+    assert core.max_queued_per_user == defaults.max_queued_per_user
+    assert (core.daily_quotas.runs_per_user, core.daily_quotas.cost_per_workspace) == (
+        defaults.daily_runs_per_user, defaults.daily_cost_per_workspace)
+    assert InMemoryEditBucket().capacity == defaults.status_edits_per_minute
+    assert SlackRenderer().cancel_emoji == defaults.cancel_emoji[0]
