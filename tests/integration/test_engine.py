@@ -370,3 +370,21 @@ def test_stop_while_writing_keeps_the_question_and_lists_only_the_pages_read() -
     assert audit_line(report) == ""
     for document in (render_markdown(report), render_html(report)):
         assert "[Research stopped by user]" not in document and "sentences verified" not in document
+
+
+def test_while_the_report_is_written_progress_counts_its_words_and_keeps_moving_without_showing_its_text() -> None:
+    from chat.status import counts_line
+
+    with Corpus() as corpus:
+        corpus.llm.chunk_delay = 0.02  # a word every 20 ms: the report takes a few seconds to write
+        report, recorder, _ = run_research(corpus)
+
+    assert report is not None and not report.partial
+    writing = [event for event in recorder.events if event.type == "progress" and event.counts.get("words_written")]
+    words = [event.counts["words_written"] for event in writing]
+    assert len(words) >= 2 and words == sorted(words) and words[0] < words[-1]
+    assert "words written" in counts_line(writing[-1].counts)
+    # Only counts and percents go out while writing: the unaudited text is in no event.
+    cited_line = next(line for line in report.body_markdown.splitlines() if "[" in line)
+    written = cited_line.split("[")[0].strip()
+    assert len(written) > 20 and not any(written in str(event.model_dump()) for event in recorder.events)
