@@ -105,6 +105,9 @@ class ModelProxy:
                             if disconnected.is_set():
                                 break
                             await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                        if call is not None:
+                            # Gone before the upstream's answer ended: the client gave up on a request in work.
+                            call.abandoned = disconnected.is_set()
                         await send({"type": "http.response.body", "body": b"", "more_body": False})
             except (httpx.HTTPError, OSError):
                 if call is not None and call.status is None:
@@ -113,5 +116,4 @@ class ModelProxy:
                 watcher.cancel()
                 if call is not None:
                     call.finished = time.monotonic()
-                    call.abandoned = disconnected.is_set()
         return app
