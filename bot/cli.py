@@ -134,7 +134,8 @@ def _run_in_terminal(mode: str, question: str, options: dict, output_format: str
     from chat.console.render import render_progress
     from research.budget import CancelToken
     from research.cpu import cpu_pool
-    from worker.headless import create_run, export_run
+    from storage.runs import export_run
+    from worker.headless import create_run
     from worker.runner import RunnerServices, execute
     from worker.toolkit import build_research_tools, research_options
 
@@ -238,7 +239,7 @@ def plan_command(question: str = typer.Argument(..., help="The question to plan 
 @app.command()
 def runs(limit: int = typer.Option(20, "--limit", help="How many of the latest runs to list.", metavar="N")) -> None:
     """List recent runs: id, state, mode, when, 👍/👎 feedback counts, and the question."""
-    from worker.headless import RUNS_HEADER, recent_runs
+    from storage.runs import RUNS_HEADER, recent_runs
 
     settings = settings_or_exit()
     lines = recent_runs(_database(settings), limit)
@@ -255,7 +256,7 @@ def export(
     out: str | None = typer.Option(None, "--out", help="Write to this file instead of stdout.", metavar="FILE"),
 ) -> None:
     """Export a run's report as Markdown, self-contained HTML, or JSON with everything."""
-    from worker.headless import export_run
+    from storage.runs import export_run
 
     settings = settings_or_exit()
     try:

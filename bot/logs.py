@@ -78,7 +78,7 @@ class JsonLogFormatter(logging.Formatter):
     and phase (put on the record by `RunContextFilter`); secrets redacted."""
 
     def __init__(self, redact: Redact = SecretRedactor()) -> None:
-        from worker.log_context import RUN_FIELDS
+        from ops.log_context import RUN_FIELDS
 
         super().__init__()
         self.redact = redact
@@ -112,7 +112,7 @@ class ConsoleLogFormatter(logging.Formatter):
 
 def configure_logging(settings: Settings, *, path: Path | None = None) -> None:
     """Root logging at LOG_LEVEL, as console lines or JSON (LOG_FORMAT), on stderr or appended to `path`."""
-    from worker.log_context import RunContextFilter
+    from ops.log_context import RunContextFilter
 
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
@@ -100,3 +101,12 @@ class MessengerError(Exception):
         super().__init__(reason)
         self.reason = reason
         self.retryable = retryable
+
+
+# Told of each wait out of a platform's rate limit (the platform's name, the seconds waited); the composition root
+# hands the messengers ops.metrics', so that the chat layer needs no metrics of its own.
+RateLimitWaitCounter = Callable[[str, float], None]
+
+
+def uncounted_wait(platform: str, seconds: float) -> None:
+    """The rate-limit counter of a messenger built without one: counts nothing."""

@@ -1,1 +1,2 @@
-"""Operating deepthread: health checks, Prometheus metrics and the small HTTP server that serves both."""
+"""Operating deepthread: health checks, Prometheus metrics, the small HTTP server that serves both, and the run
+context that tags log lines."""

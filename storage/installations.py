@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from sqlalchemy import Boolean, Column, DateTime, Index, Integer, String, Table
 
-from storage.models import Base
+from storage.base import Base
 
 INSTALLATIONS_TABLE = "slack_installations"
 BOTS_TABLE = "slack_bots"

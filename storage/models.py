@@ -5,58 +5,19 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import (
-    JSON,
-    Boolean,
-    DateTime,
-    ForeignKey,
-    Index,
-    Integer,
-    MetaData,
-    String,
-    Text,
-    UniqueConstraint,
-    text,
-)
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
-from sqlalchemy.types import TypeDecorator
+from sqlalchemy import JSON, Boolean, ForeignKey, Index, Integer, String, Text, UniqueConstraint, text
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+# The Slack OAuth tables join Base.metadata, so migrations and their drift check see them.
+import storage.installations  # noqa: F401
+from storage.base import Base
+from storage.base import UTCDateTime as UTCDateTime  # the migrations name the column type storage.models.UTCDateTime
 
 TERMINAL_STATES = frozenset({"done", "failed", "cancelled", "timed_out"})
 
 
 def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
-
-
-class UTCDateTime(TypeDecorator[dt.datetime]):
-    """Timezone-aware UTC datetimes on every backend (SQLite stores them naive)."""
-
-    impl = DateTime(timezone=True)
-    cache_ok = True
-
-    def process_bind_param(self, value: dt.datetime | None, dialect: Any) -> dt.datetime | None:
-        if value is not None and value.tzinfo is None:
-            raise ValueError("naive datetime given to a UTC column")
-        return value.astimezone(dt.timezone.utc) if value is not None else None
-
-    def process_result_value(self, value: dt.datetime | None, dialect: Any) -> dt.datetime | None:
-        if value is not None and value.tzinfo is None:
-            return value.replace(tzinfo=dt.timezone.utc)
-        return value
-
-
-NAMING_CONVENTION = {
-    "ix": "ix_%(column_0_label)s",
-    "uq": "uq_%(table_name)s_%(column_0_name)s",
-    "ck": "ck_%(table_name)s_%(constraint_name)s",
-    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-    "pk": "pk_%(table_name)s",
-}
-
-
-class Base(DeclarativeBase):
-    metadata = MetaData(naming_convention=NAMING_CONVENTION)
-    type_annotation_map = {dt.datetime: UTCDateTime(), dict[str, Any]: JSON, list[Any]: JSON}
 
 
 class Conversation(Base):
@@ -257,6 +218,3 @@ class Feedback(Base):
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
-
-# The Slack OAuth tables join this metadata, so migrations and their drift check see them.
-import storage.installations  # noqa: E402, F401

@@ -28,9 +28,9 @@ from research.thread_context import THREAD_SHARE_OF_WINDOW, Turn, fit_thread_con
 from storage.db import database_now
 from storage.models import Citation, Event, Message, Passage, Run, Source, utcnow
 from chat.state import RunProgress, apply_event, initial_progress
+from ops.log_context import describe_run, logged_as_run, set_run_phase
 from ops.metrics import Metrics, RunObserver
 from worker.leases import holds_attempt, renew_lease, take_lease, worker_identity
-from worker.log_context import describe_run, logged_as_run, set_run_phase
 
 logger = logging.getLogger(__name__)
 

@@ -16,6 +16,7 @@ from sqlalchemy.engine import make_url
 from chat.platform import Outbound, OutboundPlatform
 from chat.state import RunProgress
 from config import Settings
+from ops.log_context import logged_as_run, set_run_phase
 from ops.metrics import process_metrics
 from research.budget import CancelToken
 from research.cpu import cpu_pool
@@ -34,7 +35,6 @@ from storage.shared_limits import (
 from worker.cancels import CancelWatcher, redis_flags, row_flags
 from worker.delivery import DeliveryRetry, DeliveryTarget, RunDelivery, show_queue_positions, sweep_undelivered
 from worker.leases import fail_unstartable, reap, worker_identity
-from worker.log_context import logged_as_run, set_run_phase
 from worker.loop import RunLoop
 from worker.queue import Limits, Queue, SendTask
 from worker.runner import RunnerServices, StartedAttempt, execute, start_attempt

@@ -19,9 +19,9 @@ from celery.worker.consumer import Consumer
 from chat.platform import OutboundPlatform
 from config import Settings, get_settings
 from ops.health import process_health
+from ops.log_context import RunLogContext, bind_run, unbind_run
 from ops.server import OpsServer, start_ops_server
 from storage.redis import broker_transport_options, celery_broker_url, resolve_redis_url
-from worker.log_context import RunLogContext, bind_run, unbind_run
 from worker.queue import QUEUE_NAME
 
 logger = logging.getLogger(__name__)

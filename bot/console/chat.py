@@ -38,8 +38,8 @@ from chat.state import RunProgress, initial_progress, progress_of_stored_run
 from research.report import Report
 from storage.answer_drafts import AnswerDraftReader
 from storage.models import Conversation, Event, Run
+from storage.runs import RUNS_HEADER, export_run, recent_runs
 from storage.shared_limits import live_workers
-from worker.headless import RUNS_HEADER, export_run, recent_runs
 
 SLASH = {"/research": "research:", "/plan": "plan:", "/ask": "ask:"}
 POLL_SECONDS = 0.2

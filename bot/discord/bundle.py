@@ -10,6 +10,7 @@ from chat.discord.messenger import DiscordMessenger, build_discord_http
 from chat.discord.render import DiscordRenderer
 from chat.platform import Outbound
 from config import Settings
+from ops.metrics import record_rate_limit_wait
 
 NAME = "discord"
 TOKEN_SETTING = "DISCORD_BOT_TOKEN"
@@ -32,8 +33,10 @@ def http(settings: Settings) -> httpx.AsyncClient:
 
 
 def outbound(settings: Settings) -> Outbound:
-    """The REST messenger (DISCORD_API_URL, the bot token) and the renderer."""
-    return Outbound(messenger=DiscordMessenger(http(settings)), renderer=renderer(settings))
+    """The REST messenger (DISCORD_API_URL, the bot token, rate-limit waits counted in the process's metrics) and the
+    renderer."""
+    messenger = DiscordMessenger(http(settings), count_rate_limit_wait=record_rate_limit_wait)
+    return Outbound(messenger=messenger, renderer=renderer(settings))
 
 
 def doctor(settings: Settings, http: httpx.Client) -> Check:

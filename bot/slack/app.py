@@ -27,10 +27,9 @@ from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.conversation.events import ChatEvent, ConversationHandler, HistoryMessage, Outcome, Reply, Visibility
-from chat.slack.messenger import build_slack_client
 from chat.slack.render import SlackRenderer
 from bot.slack.assistant import build_assistant
-from bot.slack.bundle import missing_adapter_setting, oauth_mode
+from bot.slack.bundle import missing_adapter_setting, oauth_mode, web_client
 from bot.slack.dedupe import EventDeduper, MemoryReplayGuard, ReplayGuard, request_fingerprint
 from bot.slack.feedback import COMMENT_CALLBACK_ID, CommentContext, ask_what_was_wrong, comment_event, feedback_event
 from chat.slack.feedback import FEEDBACK_ACTION_ID
@@ -471,7 +470,7 @@ def build_slack_app(settings: Settings, core: ConversationHandler, *, client: As
     problem = missing_adapter_setting(settings)
     if problem is not None:
         raise ValueError(problem)
-    client = client or build_slack_client(settings.secret("slack_bot_token") or "", settings.slack_api_url)
+    client = client or web_client(settings, settings.secret("slack_bot_token") or "")
     if installs is None and oauth_mode(settings):
         from bot.slack.oauth import oauth_installs  # only OAuth mode loads the installation and state stores
         from storage.db import make_engine

@@ -13,8 +13,10 @@ from chat.platform import Outbound
 from chat.slack.messenger import SlackMessenger, build_slack_client
 from chat.slack.render import SlackRenderer
 from config import Settings
+from ops.metrics import record_rate_limit_wait
 
 if TYPE_CHECKING:
+    from slack_sdk.web.async_client import AsyncWebClient
     from sqlalchemy import Engine
 
     from chat.slack.installations import DatabaseInstallationStore
@@ -54,6 +56,11 @@ def renderer(settings: Settings) -> SlackRenderer:
     return SlackRenderer(cancel_emoji=settings.cancel_emoji[0] if settings.cancel_emoji else "x")
 
 
+def web_client(settings: Settings, token: str) -> AsyncWebClient:
+    """A Web API client for SLACK_API_URL with `token`, its rate-limit waits counted in the process's metrics."""
+    return build_slack_client(token, settings.slack_api_url, count_rate_limit_wait=record_rate_limit_wait)
+
+
 def outbound(settings: Settings) -> Outbound:
     """The Web API messenger on SLACK_API_URL (with each workspace's installed token in OAuth mode, else the bot token)
     and the renderer."""
@@ -63,11 +70,11 @@ def outbound(settings: Settings) -> Outbound:
         from storage.db import make_engine
 
         store = installation_store(settings, make_engine(settings.database_url))
-        workspaces = InstalledWorkspaceClients(store, lambda token: build_slack_client(token, settings.slack_api_url))
+        workspaces = InstalledWorkspaceClients(store, lambda token: web_client(settings, token))
         return Outbound(messenger=SlackMessenger(workspaces=workspaces, progress_mode=settings.slack_progress),
                         renderer=renderer(settings))
     token = settings.secret("slack_bot_token") or ""
-    return Outbound(messenger=SlackMessenger(build_slack_client(token, settings.slack_api_url),
+    return Outbound(messenger=SlackMessenger(web_client(settings, token),
                                              progress_mode=settings.slack_progress), renderer=renderer(settings))
 
 

@@ -26,8 +26,7 @@ from starlette.routing import Route
 from starlette.types import Message, Receive
 
 from bot.slack.app import ConversationHandler, build_slack_app
-from bot.slack.bundle import missing_adapter_setting
-from chat.slack.messenger import build_slack_client
+from bot.slack.bundle import missing_adapter_setting, web_client
 from bot.slack.dedupe import EventDeduper, RedisEventDeduper, RedisReplayGuard, ReplayGuard, claims_client
 from config import Settings
 from ops.health import HealthChecker, process_health
@@ -96,7 +95,7 @@ def slack_client(settings: Settings) -> AsyncWebClient:
     problem = missing_adapter_setting(settings)
     if problem is not None:
         raise ValueError(problem)
-    return build_slack_client(settings.secret("slack_bot_token") or "", settings.slack_api_url)
+    return web_client(settings, settings.secret("slack_bot_token") or "")
 
 
 class SlackBot:

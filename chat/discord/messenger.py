@@ -34,9 +34,17 @@ from typing import Any
 
 import httpx
 
-from chat.message import Content, FileUpload, MessageRef, MessengerError, OpenedThread, Place
+from chat.message import (
+    Content,
+    FileUpload,
+    MessageRef,
+    MessengerError,
+    OpenedThread,
+    Place,
+    RateLimitWaitCounter,
+    uncounted_wait,
+)
 from chat.text import shortened, single_line, split_text
-from ops.metrics import record_rate_limit_wait
 
 logger = logging.getLogger(__name__)
 
@@ -186,7 +194,7 @@ class DiscordMessenger:
 
     def __init__(self, http: httpx.AsyncClient, *, max_attempts: int = DEFAULT_MAX_ATTEMPTS, sleep: Sleep = asyncio.sleep,
                  clock: Clock = time.monotonic,
-                 count_rate_limit_wait: Callable[[str, float], None] = record_rate_limit_wait) -> None:
+                 count_rate_limit_wait: RateLimitWaitCounter = uncounted_wait) -> None:
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
         self.http = http

@@ -33,13 +33,22 @@ from slack_sdk.http_retry.response import HttpResponse
 from slack_sdk.http_retry.state import RetryState
 from slack_sdk.web.async_client import AsyncWebClient
 
-from chat.message import Content, FileUpload, MessageRef, MessengerError, OpenedThread, Place, open_thread_under_title
+from chat.message import (
+    Content,
+    FileUpload,
+    MessageRef,
+    MessengerError,
+    OpenedThread,
+    Place,
+    RateLimitWaitCounter,
+    open_thread_under_title,
+    uncounted_wait,
+)
 from chat.slack.render import blocks_of
 from chat.slack.tasks import TASK_DISPLAY_MODE, stream_chunks, task_list_content
 from chat.slack.thread_status import AssistantThreadStatus
 from chat.tasks import ProgressMode, ProgressTask, TaskList
 from chat.text import split_text
-from ops.metrics import record_rate_limit_wait
 
 logger = logging.getLogger(__name__)
 
@@ -90,27 +99,31 @@ class PooledWebClient(AsyncWebClient):
 
 
 class CountedRateLimitRetryHandler(AsyncRateLimitErrorRetryHandler):
-    """slack-sdk's 429 handler (waits out Retry-After), counting each wait in the process's metrics."""
+    """slack-sdk's 429 handler (waits out Retry-After), telling `count_wait` of each wait."""
+
+    def __init__(self, *, max_retry_count: int, count_wait: RateLimitWaitCounter) -> None:
+        super().__init__(max_retry_count=max_retry_count)
+        self.count_wait = count_wait
 
     async def prepare_for_next_attempt_async(self, *, state: RetryState, request: HttpRequest,
                                              response: HttpResponse | None = None, error: Exception | None = None) -> None:
         started = time.monotonic()
         await super().prepare_for_next_attempt_async(state=state, request=request, response=response, error=error)
-        record_rate_limit_wait(SlackMessenger.platform, time.monotonic() - started)
+        self.count_wait(SlackMessenger.platform, time.monotonic() - started)
 
 
 def build_slack_client(token: str, base_url: str = SLACK_API_URL, *, rate_limit_retries: int = RATE_LIMIT_RETRIES,
-                       connection_retries: int = CONNECTION_RETRIES,
-                       timeout: int = REQUEST_TIMEOUT_SECONDS) -> AsyncWebClient:
-    """An AsyncWebClient for `base_url` that retries 429s (honouring Retry-After) and dropped connections, and keeps
-    its connections open between calls."""
+                       connection_retries: int = CONNECTION_RETRIES, timeout: int = REQUEST_TIMEOUT_SECONDS,
+                       count_rate_limit_wait: RateLimitWaitCounter = uncounted_wait) -> AsyncWebClient:
+    """An AsyncWebClient for `base_url` that retries 429s (honouring Retry-After, each wait told to
+    `count_rate_limit_wait`) and dropped connections, and keeps its connections open between calls."""
     return PooledWebClient(
         token=token,
         base_url=base_url,
         timeout=timeout,
         retry_handlers=[
             AsyncConnectionErrorRetryHandler(max_retry_count=connection_retries),
-            CountedRateLimitRetryHandler(max_retry_count=rate_limit_retries),
+            CountedRateLimitRetryHandler(max_retry_count=rate_limit_retries, count_wait=count_rate_limit_wait),
         ],
     )
 

@@ -11,6 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 ${imports if imports else ""}
 
+import storage.base
 import storage.models
 
 revision = ${repr(up_revision)}

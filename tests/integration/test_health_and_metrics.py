@@ -13,9 +13,10 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
+from bot.slack.bundle import outbound as slack_outbound
 from bot.slack.server import build_http_app
 from chat.message import Content, Place
-from chat.slack.messenger import SlackMessenger, build_slack_client
+from chat.slack.messenger import SlackMessenger
 from config import load_settings
 from ops.health import process_health
 from storage.migrate import upgrade
@@ -118,7 +119,9 @@ async def test_slack_rate_limit_waits_are_counted_in_the_process_metrics(slack: 
 
     before = waits()
     slack.fail_next("chat.postMessage", status=429, headers={"Retry-After": "0"})
-    messenger = SlackMessenger(build_slack_client(slack.token, slack.api_url))
+    # The worker's messenger as its platform bundle builds it: the bundle hands the client the process's metrics.
+    messenger = slack_outbound(load_settings(slack_bot_token=slack.token, slack_api_url=slack.api_url)).messenger
+    assert isinstance(messenger, SlackMessenger) and messenger.client is not None
     try:
         await messenger.post(Place(platform="slack", workspace="T1", channel="C1"), Content(text="hello"))
     finally:

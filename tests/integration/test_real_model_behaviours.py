@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from research.report import Report
+from storage.runs import export_run
 from tests.fakes.corpus import QUESTION, Corpus
 from tests.fakes.llm import ChatRequest, FakeLLM, HandlerResult, LocalServer, default_research_model, passages_in
 from tests.fakes.model_zoo import zoo_model
@@ -27,7 +28,6 @@ from tests.integration.terminal_chat import spawn_chat
 from tests.integration.workers import Cluster
 from tests.report_lines import unaccounted_sentences
 from tests.run_rows import all_runs
-from worker.headless import export_run
 
 pytestmark = pytest.mark.integration
 

@@ -20,9 +20,9 @@ from research.llm import LLMClient
 from research.providers import SearchConfig
 from storage.db import make_engine, make_session_factory
 from storage.models import Base, Citation, Conversation, Passage, Run, Source
+from storage.runs import export_run
 from tests.fakes.llm import ChatRequest, FakeLLM, HandlerResult, default_research_model
 from tests.fakes.resolver import DictResolver
-from worker.headless import export_run
 from worker.queue import ADMITTED
 from worker.runner import RunnerServices, execute
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from bot.logs import JsonLogFormatter
-from worker.log_context import (
+from ops.log_context import (
     RunContextFilter,
     current_run_context,
     describe_run,

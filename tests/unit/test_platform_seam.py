@@ -10,7 +10,10 @@ import pytest
 from typer.testing import CliRunner
 
 from bot.cli import app, configured_adapters, platform_bundles
+from chat.discord.messenger import DiscordMessenger
+from chat.slack.messenger import CountedRateLimitRetryHandler, SlackMessenger
 from config import load_settings
+from ops.metrics import record_rate_limit_wait
 
 ROOT = Path(__file__).resolve().parents[2]
 PLATFORM_NAMES = {bundle.name for bundle in platform_bundles()}
@@ -63,6 +66,65 @@ def test_the_chat_layer_never_imports_a_platform_adapter() -> None:
     assert offenders == []
 
 
+def names_package(module: str, package: str) -> bool:
+    return module == package or module.startswith(f"{package}.")
+
+
+def test_the_bot_imports_only_the_queue_of_the_worker() -> None:
+    composition_root = ROOT / "bot" / "cli.py"
+    offenders = {str(path.relative_to(ROOT)): sorted(module for module in imported_modules(path)
+                                                     if names_package(module, "worker") and module != "worker.queue")
+                 for path in python_files("bot") if path != composition_root}
+    assert {path: modules for path, modules in offenders.items() if modules} == {}
+
+
+def test_the_chat_layer_imports_nothing_from_ops() -> None:
+    offenders = {str(path.relative_to(ROOT)): sorted(module for module in imported_modules(path)
+                                                     if names_package(module, "ops"))
+                 for path in python_files("chat")}
+    assert {path: modules for path, modules in offenders.items() if modules} == {}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_submodules(path: Path) -> set[str]:
+    """`imported_modules`, plus `package.name` for each `from package import name` (which may be a module)."""
+    tree = ast.parse(path.read_text())
+    return imported_modules(path) | {f"{node.module}.{alias.name}" for node in ast.walk(tree)
+                                     if isinstance(node, ast.ImportFrom) and node.module for alias in node.names}
+
+
+def import_cycles(package: str) -> list[list[str]]:
+    """Each cycle of imports among `package`'s modules once, as the modules in order, its first module repeated last."""
+    files = python_files(package)
+    modules = {module_name(path) for path in files}
+    graph = {module_name(path): sorted(modules & imported_submodules(path) - {module_name(path)}) for path in files}
+    cycles: list[list[str]] = []
+
+    def walk(module: str, trail: list[str]) -> None:
+        for imported in graph[module]:
+            if imported == trail[0]:
+                cycles.append([*trail, imported])
+            elif imported not in trail and imported > trail[0]:  # each cycle found once, from its smallest module
+                walk(imported, [*trail, imported])
+
+    for start in sorted(graph):
+        walk(start, [start])
+    return cycles
+
+
+def test_storage_models_and_installations_do_not_import_each_other() -> None:
+    # models imports installations, so that Base.metadata holds the Slack tables; the Slack tables need only the Base.
+    assert "storage.models" not in imported_modules(ROOT / "storage" / "installations.py")
+
+
+def test_no_storage_module_imports_itself_through_others() -> None:
+    assert import_cycles("storage") == []
+
+
 def test_each_bundle_builds_its_own_messenger_and_renderer_for_the_worker() -> None:
     settings = load_settings(slack_bot_token="xoxb-1", discord_bot_token="discord-1")
     outbound = {bundle.name: bundle.outbound(settings) for bundle in platform_bundles()}
@@ -84,6 +146,17 @@ def test_the_workers_slack_renderer_gets_the_configured_cancel_emoji() -> None:
     settings = load_settings(slack_bot_token="xoxb-1", cancel_emoji="stop_sign,🛑")
     slack = next(bundle for bundle in platform_bundles() if bundle.name == "slack").outbound(settings)
     assert slack is not None and slack.renderer.cancel_emoji == "stop_sign"
+
+
+def test_the_workers_messengers_count_rate_limit_waits_in_the_process_metrics() -> None:
+    settings = load_settings(slack_bot_token="xoxb-1", discord_bot_token="discord-1")
+    outbound = {bundle.name: bundle.outbound(settings) for bundle in platform_bundles()}
+    slack, discord = outbound["slack"], outbound["discord"]
+    assert slack is not None and isinstance(slack.messenger, SlackMessenger) and slack.messenger.client is not None
+    assert [handler.count_wait for handler in slack.messenger.client.retry_handlers
+            if isinstance(handler, CountedRateLimitRetryHandler)] == [record_rate_limit_wait]
+    assert discord is not None and isinstance(discord.messenger, DiscordMessenger)
+    assert discord.messenger.count_rate_limit_wait is record_rate_limit_wait
 
 
 @pytest.mark.parametrize(("tokens", "adapters"), [

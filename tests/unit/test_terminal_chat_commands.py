@@ -14,10 +14,10 @@ from bot.console.bundle import TERMINAL_USER
 from bot.console.chat import NO_WORKER_GRACE_SECONDS, WorkerWatch, chat_command
 from research.report import Report, render_html, render_markdown
 from storage.models import Conversation, Message, Run
+from storage.runs import RUNS_HEADER, recent_runs
 from storage.shared_limits import beat
 from tests.fakes.clock import FakeClock
 from tests.unit.terminal_harness import SLACK_CHANNEL, Terminal, a_report, finishing_after
-from worker.headless import RUNS_HEADER, recent_runs
 
 NO_WORKER_WORDS = "No worker is running, so this run waits in the queue."
 

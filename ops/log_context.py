@@ -3,7 +3,8 @@
 A run binds its context where it starts executing; asyncio tasks and `asyncio.to_thread` copy
 context variables, so every line logged inside the run, by deepthread or by a library (Celery,
 the OpenAI SDK, slack-sdk), carries it. The many runs sharing one event loop each see their own.
-`RunContextFilter` copies the context onto each record for the formatters.
+`RunContextFilter` copies the context onto each record for the formatters. Standard library only: the worker
+binds runs with it and the bot's logging set-up (bot/logs.py) reads it, neither pulling in the other.
 """
 
 from __future__ import annotations
