@@ -910,9 +910,12 @@ class LLMClient:
         while answer.cut_off and text and continuations < MAX_CONTINUATIONS:
             continued = [*messages, {"role": "assistant", "content": text},
                          {"role": "user", "content": CONTINUE_INSTRUCTION}]
-            answer = await self._chat(continued, task=f"{task}_continued", fast=fast, max_tokens=limit,
-                                      temperature=temperature, response_format=None, on_text=on_text,
-                                      shown_before=text)
+            try:
+                answer = await self._chat(continued, task=f"{task}_continued", fast=fast, max_tokens=limit,
+                                          temperature=temperature, response_format=None, on_text=on_text,
+                                          shown_before=text)
+            except ContextOverflow:
+                break  # the window has no room left to go on: what was written stands, cut off
             piece = _continuation_text(answer.content)
             continuations += 1
             if piece.strip() and text.lstrip().startswith(piece.strip()[:RESTART_PREFIX_CHARS]):

@@ -14,6 +14,7 @@ from research.audit.sentences import sentence_spans
 from research.engine import NO_SOURCES_NOTICE
 
 CITED = re.compile(r"\[\d+\]")
+CITED_AFTER_STOP = re.compile(r"([.!?])\s*((?:\[\d+\])+)")
 TABLE_DELIMITER = re.compile(r"^\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)*\|?$")
 LIST_MARK = re.compile(r"^(?:[-*+]|\d+[.)])\s+")
 # Sentences the engine writes itself into a report the model did not finish.
@@ -36,7 +37,8 @@ def unaccounted_sentences(body_markdown: str) -> list[str]:
         if not line or line.startswith("#") or TABLE_DELIMITER.match(line) or (line.startswith("|")
                                                                               and TABLE_DELIMITER.match(following)):
             continue
-        text = LIST_MARK.sub("", line.lstrip("> ").strip())
+        # A citation written after the sentence's full stop ("… period. [1]") belongs to that sentence.
+        text = CITED_AFTER_STOP.sub(r" \2\1", LIST_MARK.sub("", line.lstrip("> ").strip()))
         if not in_fence and text.endswith(":"):
             continue  # a lead-in to what follows
         pieces = text.split(UNVERIFIED_MARKER.strip())

@@ -212,3 +212,13 @@ async def test_the_configured_window_caps_the_answer_without_asking_the_server()
     await client_for(fake, context_tokens=2048).complete(QUESTION, task="chat", max_tokens=16_000)
 
     assert fake.chat_requests[0].max_tokens is not None and fake.chat_requests[0].max_tokens < 2048
+
+
+async def test_a_report_cut_off_with_no_room_left_in_the_window_to_continue_keeps_what_was_written() -> None:
+    rambling = " ".join(["The turbines turned."] * 120)  # about 600 tokens, stopped at its limit every time
+    fake = FakeLLM(lambda request: FakeReply(rambling, finish_reason="length"))
+
+    answer = await client_for(fake, context_tokens=1024).complete_long(QUESTION, task="synthesize", max_tokens=600)
+
+    assert answer.cut_off and answer.text.startswith("The turbines turned.")
+    assert len(fake.chat_requests) == 1  # the continuation would not fit the window, so it was not asked
