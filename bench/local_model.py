@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.llm_proxy import ModelProxy  # noqa: E402
 from research.report import Report  # noqa: E402
 from storage.runs import export_run  # noqa: E402
+from storage.vocabulary import TERMINAL_STATES  # noqa: E402
 from tests.fakes.corpus import QUESTION, Corpus  # noqa: E402
 from tests.fakes.slack_api import FakeSlack  # noqa: E402
 from tests.integration.terminal_chat import spawn_chat  # noqa: E402
@@ -119,7 +120,7 @@ def worker_and_chat_runs(environment: dict[str, str], workdir: Path) -> list[Out
         try:
             started = time.monotonic()
             run_id, _position = cluster.start_run(WORKER_QUESTION)
-            run = cluster.wait_for_state(run_id, {"done", "failed", "cancelled", "timed_out"}, timeout=RUN_LIMIT_SECONDS)
+            run = cluster.wait_for_state(run_id, TERMINAL_STATES, timeout=RUN_LIMIT_SECONDS)
             text = export_run(cluster.sessions, run_id, "json")
             report = Report.model_validate_json(text) if text else None
             outcomes.append(Outcome("worker", state_of(run.state, report), time.monotonic() - started, report,

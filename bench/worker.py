@@ -51,6 +51,7 @@ from bench.engine import (  # noqa: E402
 )
 from storage.models import Run  # noqa: E402
 from storage.redis import connect  # noqa: E402
+from storage.vocabulary import TERMINAL_STATES  # noqa: E402
 from tests.fakes.corpus import HOSTS, QUESTION, Corpus  # noqa: E402
 from tests.fakes.slack_api import FakeSlack  # noqa: E402
 from tests.fakes.web import Page  # noqa: E402
@@ -65,7 +66,6 @@ POLL_SECONDS = 0.5
 IDLE_SETTLE_SECONDS = 3.0
 RUN_TIMEOUT_SECONDS = 600.0
 MIB = 1024 * 1024
-TERMINAL_STATES = frozenset({"done", "failed", "cancelled", "timed_out"})
 
 
 class ProcessSample(BaseModel):

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from bot.conversation.core import ConversationCore
     from bot.platform import PlatformBundle
     from config import Settings
+    from storage.vocabulary import RunMode
 
 app = typer.Typer(
     help="deepthread: a research bot for Slack and Discord that cites every claim.",
@@ -116,7 +117,7 @@ def _request(mode: str, question: str, *, since: str | None = None, sites: list[
     return request.question, request.options
 
 
-def _run_in_terminal(mode: str, question: str, options: dict, output_format: str, out: str | None) -> None:
+def _run_in_terminal(mode: RunMode, question: str, options: dict, output_format: str, out: str | None) -> None:
     """Create a run, execute it here with a live display, then print or save its report."""
     settings = settings_or_exit()
     question = question.strip()

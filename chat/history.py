@@ -8,16 +8,17 @@ from collections.abc import Callable
 from pydantic import BaseModel, Field
 
 from chat.message import Place
+from storage.vocabulary import RunMode, RunState
 
-MODE_NAMES = {"chat": "quick answer", "followup": "follow-up"}
+MODE_NAMES: dict[RunMode, str] = {"chat": "quick answer", "followup": "follow-up"}
 
 
 class RunSummary(BaseModel):
     """One run in a history listing: what was asked, how it ended, when, by whom, and the thread it lives in."""
 
     run_id: int
-    mode: str
-    state: str
+    mode: RunMode
+    state: RunState
     question: str
     requested_by: str
     created_at: dt.datetime
@@ -35,7 +36,7 @@ class RunHistory(BaseModel):
         return not self.yours and not self.channel
 
 
-def mode_name(mode: str) -> str:
+def mode_name(mode: RunMode) -> str:
     """`chat` → `quick answer`; other modes by their own name."""
     return MODE_NAMES.get(mode, mode)
 

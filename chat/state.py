@@ -8,9 +8,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from storage.vocabulary import TERMINAL_STATES, RunMode, RunState
+
 PhaseStatus = Literal["waiting", "current", "done", "failed"]
 
-PHASES_BY_MODE: dict[str, list[str]] = {
+PHASES_BY_MODE: dict[RunMode, list[str]] = {
     "research": ["decompose", "search", "fetch", "read", "gap_check", "synthesize", "verify"],
     "plan": ["plan"],
     "chat": ["chat"],
@@ -52,10 +54,10 @@ class RunProgress(BaseModel):
 
     run_id: int
     attempt: int = 0
-    mode: str
+    mode: RunMode
     question: str
     requested_by: str
-    state: str = "queued"
+    state: RunState = "queued"
     phases: list[PhaseLine] = Field(default_factory=list)
     counts: dict[str, int] = Field(default_factory=dict)
     percent: float = 0.0
@@ -83,7 +85,7 @@ class RunProgress(BaseModel):
         return max(0.0, ((self.finished_at or now) - self.started_at).total_seconds())
 
 
-def initial_progress(*, run_id: int, mode: str, question: str, requested_by: str, state: str = "queued",
+def initial_progress(*, run_id: int, mode: RunMode, question: str, requested_by: str, state: RunState = "queued",
                      started_at: dt.datetime | None = None, attempt: int = 0) -> RunProgress:
     """The state of a run before any event."""
     phases = [PhaseLine(name=name) for name in PHASES_BY_MODE.get(mode, [])]
@@ -153,7 +155,7 @@ def progress_of_stored_run(run: Any, events: Iterable[Any], progress: RunProgres
             progress = apply_event(progress, EventAdapter.validate_python(
                 {**row.payload, "type": row.type, "phase": row.phase, "seq": row.seq, "at": row.at}))
     update: dict[str, Any] = {"started_at": run.started_at, "attempt": run.attempt}
-    if run.state in ("done", "failed", "cancelled", "timed_out"):
+    if run.state in TERMINAL_STATES:
         update.update(state=run.state, error=run.error, cancelled_by=run.cancelled_by, partial=run.partial,
                       partial_reason=run.partial_reason, finished_at=run.finished_at)
     return progress.model_copy(update=update)

@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field
 
 from chat.message import MessageRef, Place
 from chat.state import PHASE_LABELS, PhaseStatus, RunProgress
+from storage.vocabulary import TERMINAL_STATES, RunState
 
 TaskStatus = Literal["pending", "in_progress", "complete", "error"]
 ProgressMode = Literal["auto", "stream", "edit"]
@@ -20,7 +21,6 @@ TASK_STATUS_OF_PHASE: dict[PhaseStatus, TaskStatus] = {
 READING_PHASE = "read"
 PLANNING_PHASE = "decompose"
 SUB_QUESTION_PREFIX = "sub-question-"
-ENDED_STATES = frozenset({"done", "failed", "cancelled", "timed_out"})
 FINAL_DETAIL_OF_STATE = {"cancelled": "Stopped", "failed": "Failed", "timed_out": "Timed out"}
 
 
@@ -67,7 +67,7 @@ def _phase_details(name: str, counts: dict[str, int]) -> str | None:
     return None
 
 
-def _ended(status: TaskStatus, run_state: str) -> TaskStatus:
+def _ended(status: TaskStatus, run_state: RunState) -> TaskStatus:
     """A task's status once the run has ended: nothing stays in progress, and nothing done is left pending."""
     if run_state == "done":
         return "complete" if status in ("pending", "in_progress") else status
@@ -77,7 +77,7 @@ def _ended(status: TaskStatus, run_state: str) -> TaskStatus:
 def task_list(progress: RunProgress) -> TaskList:
     """The task list of a research run at `progress`: the phases started so far (the pages read on the reading task),
     the sub-questions after the planning task."""
-    ended = progress.state in ENDED_STATES
+    ended = progress.state in TERMINAL_STATES
     tasks: list[ProgressTask] = []
     for line in progress.phases:
         status = TASK_STATUS_OF_PHASE[line.status]

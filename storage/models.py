@@ -12,8 +12,7 @@ from sqlalchemy.orm import Mapped, mapped_column, relationship
 import storage.installations  # noqa: F401
 from storage.base import Base
 from storage.base import UTCDateTime as UTCDateTime  # the migrations name the column type storage.models.UTCDateTime
-
-TERMINAL_STATES = frozenset({"done", "failed", "cancelled", "timed_out"})
+from storage.vocabulary import TERMINAL_STATES, RunMode, RunState
 
 
 def utcnow() -> dt.datetime:
@@ -57,7 +56,7 @@ class Message(Base):
     author: Mapped[str] = mapped_column(String(64))
     text: Mapped[str] = mapped_column(Text)
     platform_message_id: Mapped[str | None] = mapped_column(String(64))
-    mode: Mapped[str | None] = mapped_column(String(16))
+    mode: Mapped[RunMode | None] = mapped_column(String(16))
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
     conversation: Mapped[Conversation] = relationship(back_populates="messages")
@@ -81,11 +80,11 @@ class Run(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     conversation_id: Mapped[int] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"), index=True)
     workspace: Mapped[str] = mapped_column(String(64))
-    mode: Mapped[str] = mapped_column(String(16))
+    mode: Mapped[RunMode] = mapped_column(String(16))
     question: Mapped[str] = mapped_column(Text)
     options: Mapped[dict[str, Any]] = mapped_column(default=dict)
     plan: Mapped[dict[str, Any] | None] = mapped_column(JSON)
-    state: Mapped[str] = mapped_column(String(16), default="queued")
+    state: Mapped[RunState] = mapped_column(String(16), default="queued")
     requested_by: Mapped[str] = mapped_column(String(64))
     cancelled_by: Mapped[str | None] = mapped_column(String(64))
     status_message: Mapped[dict[str, Any] | None] = mapped_column(JSON)

@@ -17,7 +17,8 @@ from sqlalchemy import ColumnElement, Select, and_, delete, exists, func, not_, 
 from sqlalchemy.orm import Session, sessionmaker
 
 from storage.db import database_now
-from storage.models import TERMINAL_STATES, Citation, Conversation, Event, Message, Passage, Run, Source
+from storage.models import Citation, Conversation, Event, Message, Passage, Run, Source
+from storage.vocabulary import TERMINAL_STATES
 
 RUNS_PER_BATCH = 500
 # Children before parents: citations point at passages, passages at sources.

@@ -12,9 +12,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from chat.message import Place
 from storage.models import Conversation, Message, Run
+from storage.vocabulary import RunMode
 
 
-def create_run(sessions: sessionmaker[Session], *, place: Place, requester: str, mode: str, question: str,
+def create_run(sessions: sessionmaker[Session], *, place: Place, requester: str, mode: RunMode, question: str,
                options: dict[str, Any], plan: dict[str, Any] | None = None) -> int:
     """A conversation of its own in `place`'s channel and a queued run in it; returns the run id."""
     with sessions.begin() as session:

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from storage.db import database_now
 from storage.models import Conversation, Run
+from storage.vocabulary import ACTIVE_STATES, TERMINAL_STATES
 from worker.queue import ADMITTED, RESUBMITTED, START_GRACE_SECONDS, TASK_BY_MODE, SendTask
 
 
@@ -21,7 +22,7 @@ def take_lease(sessions: sessionmaker[Session], run_id: int, owner: str, lease_s
         now = now or database_now(session)
         return session.execute(
             update(Run)
-            .where(Run.id == run_id, Run.state.in_(("queued", "running")),
+            .where(Run.id == run_id, Run.state.in_(ACTIVE_STATES),
                    or_(Run.lease_until.is_(None), Run.lease_until < now, Run.lease_owner.in_((ADMITTED, RESUBMITTED))))
             .values(state="running", attempt=Run.attempt + 1, lease_owner=owner,
                     lease_until=now + dt.timedelta(seconds=lease_seconds),
@@ -56,7 +57,7 @@ def reap(sessions: sessionmaker[Session], send_task: SendTask, now: dt.datetime 
     with sessions.begin() as session:
         now = now or database_now(session)
         expired = session.scalars(
-            select(Run).where(Run.state.in_(("queued", "running")), Run.celery_task_id.is_not(None),
+            select(Run).where(Run.state.in_(ACTIVE_STATES), Run.celery_task_id.is_not(None),
                               and_(Run.lease_until.is_not(None), Run.lease_until < now))
             .order_by(Run.id))
         for run in expired:
@@ -114,7 +115,7 @@ def claim_undelivered(sessions: sessionmaker[Session], platforms: Collection[str
         now = now or database_now(session)
         candidates = session.scalars(
             select(Run).join(Conversation)
-            .where(Run.state.in_(("done", "failed", "cancelled", "timed_out")), Run.delivered_at.is_(None),
+            .where(Run.state.in_(TERMINAL_STATES), Run.delivered_at.is_(None),
                    Run.delivery_given_up_at.is_(None),
                    Run.status_message.is_not(None), Conversation.platform.in_(list(platforms)),
                    or_(Run.delivery_retry_at <= now,
@@ -137,7 +138,7 @@ def fail_unstartable(sessions: sessionmaker[Session], run_id: int, reason: str, 
     with sessions.begin() as session:
         now = now or database_now(session)
         return bool(session.execute(
-            update(Run).where(Run.id == run_id, Run.state.in_(("queued", "running")),
+            update(Run).where(Run.id == run_id, Run.state.in_(ACTIVE_STATES),
                               or_(Run.lease_until.is_(None), Run.lease_until < now,
                                   Run.lease_owner.in_((ADMITTED, RESUBMITTED))))
             .values(state="failed", error=reason, finished_at=now, lease_owner=None, lease_until=None)

@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from storage.db import database_now
 from storage.models import Run
 from storage.shared_limits import REDIS_ERRORS, set_cancel_flag
+from storage.vocabulary import ACTIVE_STATES
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +147,7 @@ class Queue:
         """Admitted runs no worker has taken yet (their task messages may be lost), bounded by the fairness limits."""
         with self.sessions() as session:
             rows = session.execute(select(Run.id, Run.mode, Run.celery_task_id).where(
-                Run.state.in_(("queued", "running")), Run.celery_task_id.is_not(None),
+                Run.state.in_(ACTIVE_STATES), Run.celery_task_id.is_not(None),
                 Run.lease_owner.in_((ADMITTED, RESUBMITTED)))).all()
         return [(run_id, mode, task_id) for run_id, mode, task_id in rows]
 

@@ -27,6 +27,7 @@ from research.report import Report, audit_line, render_markdown
 from research.thread_context import THREAD_SHARE_OF_WINDOW, Turn, fit_thread_context
 from storage.db import database_now
 from storage.models import Citation, Event, Message, Passage, Run, Source, utcnow
+from storage.vocabulary import RunState
 from chat.state import RunProgress, apply_event, initial_progress
 from ops.log_context import describe_run, logged_as_run, set_run_phase
 from ops.metrics import Metrics, RunObserver
@@ -36,7 +37,7 @@ logger = logging.getLogger(__name__)
 
 OnState = Callable[[RunProgress], Awaitable[None]]
 Sleep = Callable[[float], Awaitable[None]]
-TERMINAL_STATE_OF_EVENT = {"complete": "done", "aborted": "cancelled", "error": "failed"}
+TERMINAL_STATE_OF_EVENT: dict[str, RunState] = {"complete": "done", "aborted": "cancelled", "error": "failed"}
 HISTORY_MESSAGES = 20
 LEASE_LOST = "lease lost"
 MAX_HISTORY_REPLY_CHARS = 6_000
@@ -265,7 +266,7 @@ def _record_findings(session: Session, run: Run, state: engine.ResearchState) ->
                                  sentence=verdict.sentence, verdict=verdict.stored_verdict))
 
 
-def _finish(sessions: sessionmaker[Session], run_id: int, attempt: int, final_state: str, state: engine.ResearchState,
+def _finish(sessions: sessionmaker[Session], run_id: int, attempt: int, final_state: RunState, state: engine.ResearchState,
             report: Report | None, error: str | None, reply_text: str | None, cancelled_by: str | None = None) -> bool:
     """Store the outcome unless a newer attempt owns the run; returns whether it was stored."""
     with sessions.begin() as session:
@@ -444,6 +445,7 @@ async def _execute_started(started: StartedAttempt, owner: str, show_first: OnSt
             logger.warning("run %s attempt %s lost its lease; another attempt owns it", run.id, run.attempt)
             return None
 
+        final_state: RunState
         if timed_out:
             final_state, error = "timed_out", f"The run passed its hard deadline of {hard_deadline:g} s and was stopped."
             report = engine.unfinished_report(state, reason="timed out")

@@ -31,13 +31,13 @@ from chat.message import FileUpload, MessageRef, Messenger, Place
 from chat.render import PERSON, PlatformRenderer
 from chat.state import initial_progress
 from research.report import EXPORTERS, ExportFormat, Report
-from storage.models import TERMINAL_STATES, Conversation, Message, Run
+from storage.models import Conversation, Message, Run
 from storage.quotas import DailyQuotas, quota_reached
+from storage.vocabulary import ACTIVE_STATES, TERMINAL_STATES, RunMode
 from worker.queue import Queue, waiting
 
 logger = logging.getLogger(__name__)
 
-IN_FLIGHT = ("queued", "running")
 REVISION_MARKER = "\n\nChanges requested: "
 APPROVAL_EMOJI = frozenset({"white_check_mark", "heavy_check_mark", "+1", "✅", "👍"})
 COMMAND_MODES: dict[str, Mode] = {"research": "research", "plan": "plan", "ask": "chat"}
@@ -79,7 +79,7 @@ class ThreadView:
 
     @property
     def active(self) -> Run | None:
-        return next((run for run in reversed(self.runs) if run.state in IN_FLIGHT), None)
+        return next((run for run in reversed(self.runs) if run.state in ACTIVE_STATES), None)
 
     @property
     def last(self) -> Run | None:
@@ -179,7 +179,7 @@ class ConversationCore:
 
     async def _start(self, event: ChatEvent, thread: str, request: Request, *, plan: dict[str, Any] | None = None,
                      history: list[tuple[str, str, bool]] | None = None, extra_options: dict[str, Any] | None = None,
-                     mode: str | None = None, status: MessageRef | None = None) -> Outcome:
+                     mode: RunMode | None = None, status: MessageRef | None = None) -> Outcome:
         """Store the run, post its status message in the thread (unless the thread opened with it), then submit it."""
         if status is None and (refusal := await asyncio.to_thread(self._refusal, event)) is not None:
             return Outcome(replies=[refusal], thread=thread)
@@ -206,7 +206,7 @@ class ConversationCore:
     # The database and queue calls below are synchronous; the async paths run them in a thread so
     # the adapter's event loop keeps acknowledging other requests meanwhile.
 
-    def _store_run(self, event: ChatEvent, thread: str, request: Request, mode: str, plan: dict[str, Any] | None,
+    def _store_run(self, event: ChatEvent, thread: str, request: Request, mode: RunMode, plan: dict[str, Any] | None,
                    history: list[tuple[str, str, bool]], options: dict[str, Any]) -> int:
         with self.sessions.begin() as session:
             if event.channel_visibility == PRIVATE:
@@ -405,7 +405,7 @@ class ConversationCore:
         if run is None or event.reaction is None:
             return Outcome()
         if event.reaction in self.settings.cancel_emoji:
-            if run.state not in IN_FLIGHT:
+            if run.state not in ACTIVE_STATES:
                 return Outcome()
             return await self._cancel(event, run)
         if event.reaction in APPROVAL_EMOJI and run.mode == "plan" and run.state == "done":
@@ -447,7 +447,7 @@ class ConversationCore:
         if event.action in ("feedback", "feedback_comment"):
             return await asyncio.to_thread(record_feedback, self.sessions, event, run, self.clock())
         if event.action == "cancel":
-            return await self._cancel(event, run) if run.state in IN_FLIGHT else Outcome()
+            return await self._cancel(event, run) if run.state in ACTIVE_STATES else Outcome()
         view = await asyncio.to_thread(self._thread_of, run)
         if view is not None and view.active is not None:
             return Outcome(replies=[busy_reply(view.active)])

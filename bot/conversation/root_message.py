@@ -8,8 +8,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from bot.conversation.events import ChatEvent
 from storage.models import Conversation, Message, Run
-
-IN_FLIGHT = ("queued", "running")
+from storage.vocabulary import ACTIVE_STATES
 
 
 def in_flight_run_started_by(sessions: sessionmaker[Session], event: ChatEvent) -> Run | None:
@@ -24,7 +23,7 @@ def in_flight_run_started_by(sessions: sessionmaker[Session], event: ChatEvent) 
             conversation_id = _conversation_whose_latest_question_is(session, event, in_place)
         if conversation_id is None:
             return None
-        run = session.scalar(select(Run).where(Run.conversation_id == conversation_id, Run.state.in_(IN_FLIGHT))
+        run = session.scalar(select(Run).where(Run.conversation_id == conversation_id, Run.state.in_(ACTIVE_STATES))
                              .order_by(Run.id.desc()))
         if run is not None:
             session.expunge(run)

@@ -9,12 +9,13 @@ from sqlalchemy.orm import Session
 from bot.conversation.events import SuggestedPrompt
 from chat.text import shortened, single_line
 from storage.models import Conversation, Run
+from storage.vocabulary import RunMode
 
 # Slack shows at most four suggested prompts.
 MAX_SUGGESTIONS = 4
 TITLE_CHARS = 60
 # The words that pick a mode in a message (bot.conversation.commands.mode_prefix), by stored run mode.
-PREFIX_BY_MODE = {"research": "research", "plan": "plan", "chat": "ask", "followup": "ask"}
+PREFIX_BY_MODE: dict[RunMode, str] = {"research": "research", "plan": "plan", "chat": "ask", "followup": "ask"}
 MODE_PROMPTS = (
     SuggestedPrompt(title="Research with cited sources",
                     message="research: What do recent studies say about the health effects of intermittent fasting?"),
@@ -28,7 +29,7 @@ MODE_PROMPTS = (
 class PastQuestion(BaseModel):
     """A question a person asked before, and the mode it ran in."""
 
-    mode: str
+    mode: RunMode
     question: str
 
 

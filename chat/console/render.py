@@ -21,6 +21,7 @@ from chat.state import RunProgress
 from chat.status import counts_line, format_elapsed
 from chat.text import shortened, single_line
 from research.report import Report, render_markdown
+from storage.vocabulary import ACTIVE_STATES
 
 MARKS = {"done": "[green]✔[/]", "current": "[yellow]▶[/]", "waiting": "[dim]·[/]", "failed": "[red]✘[/]"}
 ENDINGS = {"done": "[green]Done[/]", "cancelled": "[yellow]Stopped[/]", "failed": "[red]Failed[/]",
@@ -88,7 +89,7 @@ class ConsoleRenderer:
 
     def status(self, progress: RunProgress, *, now: dt.datetime) -> Content:
         return Content(text=f"{progress.state}: {progress.question}",
-                       extra={"live": progress.state in ("queued", "running"),
+                       extra={"live": progress.state in ACTIVE_STATES,
                               "rich": render_progress(progress, now, you=self.you)})
 
     def report(self, report: Report, *, requester: str, run_id: int | None = None) -> ReportDelivery:

@@ -37,6 +37,7 @@ from chat.text import (
 )
 from research.markdown import FENCE, fenced_block, markdown_paragraphs
 from research.report import SNIPPET_LABEL, Report, ReportSource, render_markdown, stopped_line
+from storage.vocabulary import ACTIVE_STATES
 
 CONTENT_LIMIT = 2_000
 EMBED_DESCRIPTION_LIMIT = 4_096
@@ -107,7 +108,7 @@ def action_row(*buttons: dict[str, Any]) -> dict[str, Any]:
 
 def status_buttons(progress: RunProgress) -> list[dict[str, Any]]:
     """Stop while a run is queued or running; Retry (and Continue for research) once it ended unfinished."""
-    if progress.state in ("queued", "running"):
+    if progress.state in ACTIVE_STATES:
         return [action_row(button("Stop", CANCEL_ID, BUTTON_DANGER))]
     if is_unfinished(progress) and progress.run_id:
         buttons = [button("Retry", f"{RETRY_PREFIX}{progress.run_id}", BUTTON_PRIMARY)]

@@ -54,6 +54,7 @@ from research.report import (
     safe_http_url,
     stopped_line,
 )
+from storage.vocabulary import ACTIVE_STATES
 
 SECTION_TEXT_LIMIT = 3_000
 MARKDOWN_BLOCK_LIMIT = 12_000
@@ -270,7 +271,7 @@ def stop_button(run_id: int) -> dict[str, Any]:
 
 def run_buttons(progress: RunProgress) -> dict[str, Any] | None:
     """Stop while a run is queued or running; Retry (and, for research, Continue) once it ended without finishing."""
-    if progress.state in ("queued", "running"):
+    if progress.state in ACTIVE_STATES:
         return actions_block([stop_button(progress.run_id)])
     if not is_unfinished(progress):
         return None
@@ -390,7 +391,7 @@ class SlackRenderer:
             blocks.append(section_block(checklist))
         if measures:
             blocks.append(context_block(measures))
-        blocks.append(section_block(last) if progress.state not in ("running", "queued") else context_block(last))
+        blocks.append(section_block(last) if progress.state not in ACTIVE_STATES else context_block(last))
         buttons = run_buttons(progress)
         if buttons is not None:
             blocks.append(buttons)

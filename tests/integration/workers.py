@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +147,6 @@ class Cluster:
             return newest is not None and newest.mode == "research" and newest.state == "running" and session.scalars(
                 select(Event).where(Event.run_id == newest.id, Event.phase == "fetch")).first() is not None
 
-    def wait_for_state(self, run_id: int, states: set[str], timeout: float = 60) -> Run:
+    def wait_for_state(self, run_id: int, states: Collection[str], timeout: float = 60) -> Run:
         return self.wait_for(lambda: (run := self.run(run_id)) is not None and run.state in states and run,
                              timeout, f"run {run_id} to reach {states}")
