@@ -196,6 +196,8 @@ class ResearchState:
     draft: str | None = None
     # Words of the report written so far, shown while the model writes (the text itself only once audited).
     words_written: int = 0
+    # Why the written draft is partial when it was cut off (dropped if another version replaces it).
+    draft_cut_off: str | None = None
     notes: list[str] = field(default_factory=list)
     tainted_words: set[str] = field(default_factory=set)
     audit: verify_phase.AuditResult | None = None
@@ -636,7 +638,11 @@ async def _write_report(run: _Run, question: str, context: str | None, options: 
         return synthesize_phase.synthesis_messages(question, plan, passages, titles=titles, today=today,
                                                    context=context, answer_tokens=answer_tokens)
 
+    room = llm.config.max_output_tokens
+
     async def ask(passages: list[Passage], answer_tokens: int) -> LongAnswer:
+        nonlocal room
+        room = answer_tokens
         expected_words = synthesize_phase.report_length_words(answer_tokens)
         return await synthesize_phase.synthesize(question, plan, passages, titles=titles, llm=llm, today=today,
                                                  context=context, answer_tokens=answer_tokens,
@@ -645,7 +651,12 @@ async def _write_report(run: _Run, question: str, context: str | None, options: 
     selected, written = await _fitted_ask(llm, state, options, build, ask, wanted_tokens=llm.config.max_output_tokens)
     state.draft = written.text
     if written.cut_off:
-        state.partial_reason = state.partial_reason or cut_off_reason(llm)
+        # The limit that cut it: the output setting, or the room the model's context window left for the report.
+        window_room = room < llm.config.max_output_tokens
+        state.draft_cut_off = cut_off_reason(llm, limit=room, setting="the room left in the model's context window, "
+                                                                     "LLM_CONTEXT_TOKENS" if window_room else
+                                                                     "LLM_MAX_OUTPUT_TOKENS")
+        state.partial_reason = state.partial_reason or state.draft_cut_off
     return selected, False
 
 
@@ -701,6 +712,8 @@ async def _cite_through_claims(run: _Run, question: str, context: str | None, op
     if own_support(audited) > own_support(state.audit):
         state.draft, state.audit = claims, audited
         llm.quirks.cites_inline = False
+        if state.partial_reason is not None and state.partial_reason == state.draft_cut_off:
+            state.partial_reason = None  # the draft that was cut off is not the report any more
 
 
 async def _gather(run: _Run, question: str, options: ResearchOptions, budget: Budget, router: SearchRouter,

@@ -21,6 +21,7 @@ from tests.fakes.llm import (
     ChatRequest,
     FakeReply,
     default_research_model,
+    passages_in,
     fabricating_synthesis,
     unrelated_citation_synthesis,
     wrong_number_synthesis,
@@ -388,3 +389,22 @@ def test_while_the_report_is_written_progress_counts_its_words_and_keeps_moving_
     cited_line = next(line for line in report.body_markdown.splitlines() if "[" in line)
     written = cited_line.split("[")[0].strip()
     assert len(written) > 20 and not any(written in str(event.model_dump()) for event in recorder.events)
+
+
+def test_a_cut_off_uncited_draft_replaced_by_cited_claims_leaves_a_report_that_is_not_partial() -> None:
+    from tests.fakes.model_zoo import zoo_model
+
+    never_cites = zoo_model("never_cites").handler
+
+    def rambling_and_uncited(request: ChatRequest) -> Any:
+        answer = never_cites(request)
+        if request.schema_name is None and passages_in(request):
+            text = answer.content if isinstance(answer, FakeReply) else answer
+            return FakeReply(text, finish_reason="length")  # stopped at its limit every time, continuations too
+        return answer
+
+    with Corpus(llm_handler=rambling_and_uncited) as corpus:
+        report, _, _ = run_research(corpus)
+
+    assert report is not None and report.audit.sentences_verified >= 3
+    assert not report.partial, report.partial_reason
