@@ -183,7 +183,10 @@ def test_research_command_end_to_end(tmp_path: Path, redis_url: str) -> None:
             fake.user_message(world.asker, thread, "How much energy did the array deliver?")
             follow_up = world.finished(world.wait_for_runs(2)[1])
             assert follow_up.mode == "followup" and follow_up.state == "done", follow_up.error
-            answer = world.wait(lambda: world.report_messages(follow_up, "on “How much energy"), 20, "the answer")
+            # The answer is streamed as the model writes it, then edited into its audited text with linked citations.
+            answer = world.wait(lambda: (shown := world.report_messages(follow_up, "on “How much energy"))
+                                and links_in("\n".join(message.content for message in shown)) and shown, 20,
+                                "the audited answer")
             cited = links_in("\n".join(message.content for message in answer))
             assert cited and cited <= {source["url"] for source in run.report_json["sources"]}
             assert len(world.corpus.search.requests("brave")) == searches
