@@ -11,7 +11,6 @@ import asyncio
 import datetime as dt
 import logging
 import math
-import re
 import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -814,13 +813,11 @@ class JudgeVerdicts(BaseModel):
 
 def _gap_check_passages(llm: LLMClient, state: ResearchState, options: ResearchOptions, today: dt.date) -> list[Passage]:
     """The passages the gap check is shown: the report's selection, cut to what fits the fast model's known window."""
-    assert state.plan is not None
-    sub_questions = "\n".join(f"- {sub.question}" for sub in state.plan.sub_questions)
+    plan = state.plan
+    assert plan is not None
 
     def build(passages: list[Passage]) -> list[Message]:
-        return [{"role": "system", "content": system_prompt("gap_check", today, cites=False)},
-                {"role": "user", "content": f"Question:\n{state.question}\n\nSub-questions:\n{sub_questions}\n\n"
-                                            f"Passages gathered so far:\n{fence_passages(passages, state.titles())}"}]
+        return list(gap_phase.gap_check_messages(state.question, plan, passages, titles=state.titles(), today=today))
 
     return _fitting_passages(llm, state, options, build, GAP_CHECK_ANSWER_TOKENS, fast=True)[0]
 
@@ -842,15 +839,6 @@ def _citation_judge(llm: LLMClient, today: dt.date) -> verify_phase.Judge:
             return {**await judge(items[:half]), **await judge(items[half:])}
         return {verdict.id: verdict.supported for verdict in verdicts.verdicts}
     return judge
-
-
-_CITATION_MARKER = re.compile(r"[ \t]*(?:\[\s*(?:p|source\s*)?\d+(?:\s*[,;]\s*(?:p|source\s*)?\d+)*\s*\]|【\s*p?\d+\s*】)",
-                              re.IGNORECASE)
-
-
-def without_citation_markers(text: str) -> str:
-    """`text` without `[p3]`-like markers: an answer from no source has nothing to cite."""
-    return _CITATION_MARKER.sub("", text).strip()
 
 
 def fitted_history(llm: LLMClient, fixed: list[Message], history: list[Message], answer_tokens: int) -> list[Message]:
@@ -932,12 +920,12 @@ async def chat(
         system = {"role": "system", "content": system_prompt("chat", today, cites=False)}
         question_message = {"role": "user", "content": question}
         fitted = fitted_history(client, [system, question_message], history, answer_tokens)
-        shown = (lambda text: on_text(without_citation_markers(text))) if on_text is not None else None
+        shown = (lambda text: on_text(search_phase.without_citation_markers(text))) if on_text is not None else None
         async with run.phase("chat"):
             answer = await client.complete_long([system, *fitted, question_message], task="chat",
                                                 max_tokens=answer_tokens, on_text=shown)
         # No source was shown, so a marker could only be copied from the history or made up: none is shown.
-        text = without_citation_markers(answer.text)
+        text = search_phase.without_citation_markers(answer.text)
         if not text:
             raise LLMError("the model returned an empty answer")
         return Report(question=question, title=question[:80], mode="chat", body_markdown=text,

@@ -683,6 +683,11 @@ def forget_learnt_quirks() -> None:
         _LEARNT.clear()
 
 
+def _answer_share(window: int) -> int:
+    """The room a long answer is given in a window of `window` tokens."""
+    return max(MIN_ANSWER_TOKENS, window // ANSWER_SHARE_OF_WINDOW)
+
+
 def _positive_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
@@ -813,7 +818,10 @@ class LLMClient:
 
     def known_context_tokens(self, *, fast: bool = False) -> int | None:
         """The model's context window as configured or learnt so far (None: not known, so prompts are not cut)."""
-        return self.config.context_tokens or self.quirks_for(self.config.model_for(fast=fast)).context_tokens
+        return self._window(self.config.model_for(fast=fast))
+
+    def _window(self, model: str) -> int | None:
+        return self.config.context_tokens or self.quirks_for(model).context_tokens
 
     async def context_tokens(self, *, fast: bool = False) -> int | None:
         """The model's context window: the setting, else what the server says (asked once per process), else learnt."""
@@ -839,12 +847,12 @@ class LLMClient:
         window = self.known_context_tokens(fast=fast)
         if window is None:
             return max_tokens
-        share = max(MIN_ANSWER_TOKENS, window // ANSWER_SHARE_OF_WINDOW)
+        share = _answer_share(window)
         return min(max_tokens or share, share)
 
     def _fitted_max_tokens(self, messages: Sequence[Message], model: str, max_tokens: int | None) -> int | None:
         """The answer's room within the known window; raises ContextOverflow when the prompt leaves too little."""
-        window = self.config.context_tokens or self.quirks_for(model).context_tokens
+        window = self._window(model)
         if window is None:
             return max_tokens
         prompt = estimate_prompt_tokens(messages)
@@ -859,8 +867,7 @@ class LLMClient:
                         sent: int | None) -> bool:
         """Whether, in the window now known, the prompt still leaves the answer the room it deserves (its share of
         the window, or all it asked for) and less than was sent: then it is worth asking again as it is."""
-        window = self.config.context_tokens or self.quirks_for(model).context_tokens or 0
-        deserved = max(MIN_ANSWER_TOKENS, window // ANSWER_SHARE_OF_WINDOW)
+        deserved = _answer_share(self._window(model) or 0)
         try:
             fitted = self._fitted_max_tokens(messages, model, max_tokens)
         except ContextOverflow:

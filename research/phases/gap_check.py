@@ -28,6 +28,15 @@ class GapVerdict(BaseModel):
     more_queries: list[str] = Field(default_factory=list, max_length=MAX_NEW_QUERIES)
 
 
+def gap_check_messages(question: str, plan: Decomposition, passages: list[Passage], *,
+                       titles: dict[str, tuple[str, str]], today: dt.date) -> list[dict[str, str]]:
+    """The gap check's prompt: the question, its sub-questions and the passages gathered so far."""
+    shown = fence_passages(passages, titles)
+    sub_questions = "\n".join(f"- {sub.question}" for sub in plan.sub_questions)
+    user = f"Question:\n{question}\n\nSub-questions:\n{sub_questions}\n\nPassages gathered so far:\n{shown or '(none)'}"
+    return [{"role": "system", "content": system_prompt("gap_check", today, cites=False)}, {"role": "user", "content": user}]
+
+
 async def check_gaps(
     question: str,
     plan: Decomposition,
@@ -40,10 +49,7 @@ async def check_gaps(
 ) -> list[str]:
     """More queries to run, or none when coverage is judged enough (or the model cannot say); each cleaned
     (`clean_query`), and left out when it carries a `tainted` word (one a page addressed to the AI reading it)."""
-    shown = fence_passages(passages, titles)
-    sub_questions = "\n".join(f"- {sub.question}" for sub in plan.sub_questions)
-    user = f"Question:\n{question}\n\nSub-questions:\n{sub_questions}\n\nPassages gathered so far:\n{shown or '(none)'}"
-    messages = [{"role": "system", "content": system_prompt("gap_check", today, cites=False)}, {"role": "user", "content": user}]
+    messages = gap_check_messages(question, plan, passages, titles=titles, today=today)
     try:
         verdict = await llm.structured(messages, GapVerdict, task="gap_check", fast=True)
     except StructuredOutputError:

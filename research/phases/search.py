@@ -44,6 +44,16 @@ def clean_query(text: str, *, tainted: frozenset[str] = frozenset()) -> str | No
     return query
 
 
+_GAP_BEFORE_PUNCTUATION = re.compile(r"[ \t]+([?!.,;:])")
+_SPACES = re.compile(r"[ \t]{2,}")
+
+
+def without_citation_markers(text: str) -> str:
+    """`text` with every citation marker removed and its lines kept: for an answer shown no source (nothing to
+    cite), and for claims whose ids are given apart."""
+    return _SPACES.sub(" ", _GAP_BEFORE_PUNCTUATION.sub(r"\1", CITATION_MARKER.sub("", text))).strip()
+
+
 def query_key(text: str) -> str:
     """The form in which two queries count as the same: lower case, whitespace collapsed."""
     return " ".join(text.lower().split())

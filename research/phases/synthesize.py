@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 from research.llm import LLMClient, LongAnswer, Message, OnText
 from research.models import Passage
 from research.phases.decompose import Decomposition
+from research.phases.search import without_citation_markers
 from research.prompts import system_prompt
 from research.untrusted import fence_passages
 
@@ -27,8 +28,6 @@ MAX_CLAIMS = 15
 CLAIMS_HEADING = "Key findings"
 # An id as a weak model spells it inside JSON: `p3`, `P3`, `[p3]`, `3`.
 _PASSAGE_ID = re.compile(r"^\W*p?\s*(\d+)\W*$", re.IGNORECASE)
-# Markers a model may still put inside a claim's text: `[p3]`, `[3]`, `(p3)`.
-_MARKER_IN_TEXT = re.compile(r"\s*[\[(]\s*p?\d+(?:\s*,\s*p?\d+)*\s*[\])]", re.IGNORECASE)
 
 
 def report_length_words(max_output_tokens: int) -> int:
@@ -104,7 +103,7 @@ def claims_markdown(title: str, claims: list[CitedClaim]) -> str:
     A claim whose id was not shown keeps the id, so that the audit counts and removes it as fabricated."""
     items = []
     for claim in claims[:MAX_CLAIMS]:
-        text = " ".join(_MARKER_IN_TEXT.sub("", claim.text).split())
+        text = " ".join(without_citation_markers(claim.text).split())  # its id is given apart
         if not text:
             continue
         number = _PASSAGE_ID.match(claim.passage_id.strip())

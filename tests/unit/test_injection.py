@@ -243,3 +243,11 @@ def test_a_plan_with_nothing_searchable_searches_its_query() -> None:
     plan = ResearchPlan(query="tidal turbines", key_questions=["[p1]"], deliverable="a report",
                         search_strategy=[{"query": "[p3]"}, {"query": "[p10][p12]"}])
     assert [sub.queries for sub in plan_as_decomposition(plan).sub_questions] == [["tidal turbines"]]
+
+
+def test_an_answer_from_no_source_loses_its_markers_and_keeps_its_lines_and_years() -> None:
+    from research.phases.search import without_citation_markers
+
+    text = "A turbine turns with the tide [p3]. It works under water [p10][p12].\nBuilt in (2024) 【4†source】, still running."
+
+    assert without_citation_markers(text) == "A turbine turns with the tide. It works under water.\nBuilt in (2024), still running."
