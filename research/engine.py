@@ -195,7 +195,7 @@ class ResearchState:
     draft: str | None = None
     # Words of the report written so far, shown while the model writes (the text itself only once audited).
     words_written: int = 0
-    # Why the written draft is partial when it was cut off (dropped if another version replaces it).
+    # Why the written draft is partial when it was cut off (None once another version replaces it).
     draft_cut_off: str | None = None
     notes: list[str] = field(default_factory=list)
     tainted_words: set[str] = field(default_factory=set)
@@ -513,6 +513,8 @@ async def _research(run: _Run, question: str, plan: Any, context: str | None,
                 state.audit = await _audit(state.draft or "", selected, state, llm, today, budget)
                 if not wrote_claims and state.audit.body_markdown.strip() and not _cites_inline(state.audit):
                     await _cite_through_claims(run, question, context, options, llm, today, budget, selected)
+            # The report that stands was cut off (a draft replaced by claims is not the report any more).
+            state.partial_reason = state.partial_reason or state.draft_cut_off
             if state.audit.body_markdown.strip() and state.audit.audit.sentences_verified == 0:
                 # Delivered, so the reader sees what the model wrote, but never as done: nothing in it is verified.
                 state.partial_reason = state.partial_reason or NOTHING_SUPPORTED_REASON
@@ -655,7 +657,6 @@ async def _write_report(run: _Run, question: str, context: str | None, options: 
         state.draft_cut_off = cut_off_reason(llm, limit=room, setting="the room left in the model's context window, "
                                                                      "LLM_CONTEXT_TOKENS" if window_room else
                                                                      "LLM_MAX_OUTPUT_TOKENS")
-        state.partial_reason = state.partial_reason or state.draft_cut_off
     return selected, False
 
 
@@ -711,8 +712,7 @@ async def _cite_through_claims(run: _Run, question: str, context: str | None, op
     if own_support(audited) > own_support(state.audit):
         state.draft, state.audit = claims, audited
         llm.quirks.cites_inline = False
-        if state.partial_reason is not None and state.partial_reason == state.draft_cut_off:
-            state.partial_reason = None  # the draft that was cut off is not the report any more
+        state.draft_cut_off = None
 
 
 async def _gather(run: _Run, question: str, options: ResearchOptions, budget: Budget, router: SearchRouter,
