@@ -1,19 +1,55 @@
-"""Engines and sessions for any SQLAlchemy URL: SQLite tuned for concurrency, PostgreSQL via psycopg 3."""
+"""Engines and sessions for any SQLAlchemy URL: SQLite tuned for concurrency, PostgreSQL via psycopg 3.
+
+The rest of deepthread reaches the database through `storage`'s modules, one per aggregate; each
+function takes the process's `Sessions` and is blocking, for the Celery threads and the CLI. Its
+async twin, named with an `a` in front (as Django's async ORM names them), runs it in a worker
+thread (`off_loop`), so an event loop keeps serving while the database answers.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import functools
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, ParamSpec, TypeAlias, TypeVar
 
 from sqlalchemy import Engine, create_engine, event, func, select, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as ConnectionPoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
+
+Sessions: TypeAlias = sessionmaker[Session]
+"""A process's session factory: what every storage function is handed."""
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+__all__ = ["Engine", "Sessions", "database_now", "is_transient_database_error", "make_engine",
+           "make_session_factory", "off_loop", "pool_options"]
+
+
+def off_loop(function: Callable[P, R]) -> Callable[P, Awaitable[R]]:
+    """The async twin of a blocking storage function: it runs in a worker thread, off the calling event loop."""
+
+    @functools.wraps(function)
+    async def twin(*args: P.args, **kwargs: P.kwargs) -> R:
+        return await asyncio.to_thread(function, *args, **kwargs)
+
+    return twin
+
+
+def is_transient_database_error(error: BaseException) -> bool:
+    """Whether the database may well answer if asked again soon: locked (SQLite), unreachable or restarting (PostgreSQL)."""
+    if isinstance(error, DBAPIError) and error.connection_invalidated:
+        return True
+    return isinstance(error, (OperationalError, InterfaceError, ConnectionPoolTimeout))
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 # A session that finds every pooled connection busy waits this long for one before failing (a burst waits).
