@@ -13,11 +13,10 @@ from bot.logs import JsonLogFormatter, configure_logging  # noqa: F401  # re-exp
 # Only typer (and bot.logs, standard library only) at the top: `--help` must not load settings, httpx or any SDK
 # (tests/unit/test_startup.py).
 if TYPE_CHECKING:
-    from sqlalchemy.orm import Session, sessionmaker
-
     from bot.conversation.core import ConversationCore
     from bot.platform import PlatformBundle
     from config import Settings
+    from storage.db import Sessions
     from storage.vocabulary import RunMode
 
 app = typer.Typer(
@@ -43,7 +42,7 @@ def configured_adapters(settings: Settings) -> list[str]:
 
 
 def platform_core(bundle: PlatformBundle, settings: Settings,
-                  sessions: sessionmaker[Session] | None = None) -> ConversationCore:
+                  sessions: Sessions | None = None) -> ConversationCore:
     """The conversation core speaking through `bundle`'s messenger and renderer (on DATABASE_URL without `sessions`)."""
     from bot.conversation.core import build_core
 
@@ -89,7 +88,8 @@ def doctor() -> None:
         raise typer.Exit(code=1)
 
 
-def _database(settings: Settings):
+def _database(settings: Settings) -> Sessions:
+    """The session factory of DATABASE_URL, its schema upgraded first."""
     from storage.db import make_engine, make_session_factory
     from storage.migrate import upgrade
 

@@ -9,10 +9,9 @@ from typing import Literal
 import httpx
 import redis
 from pydantic import BaseModel
-from sqlalchemy import text
 
 from config import Settings
-from storage.db import make_engine
+from storage.db import reachable_backend
 from storage.redis import connect, resolve_redis_url
 
 Status = Literal["ok", "missing", "error", "off"]
@@ -55,13 +54,9 @@ def _redact(settings: Settings, message: str) -> str:
 
 def check_database(settings: Settings) -> Check:
     try:
-        engine = make_engine(settings.database_url)
-        with engine.connect() as connection:
-            connection.execute(text("SELECT 1"))
-        engine.dispose()
+        backend = reachable_backend(settings.database_url)
     except Exception as error:  # any driver error is a verdict here, not a crash
         return Check(component="database", status="error", detail=f"unreachable: {type(error).__name__}", required=True)
-    backend = engine.url.get_backend_name()
     return Check(component="database", status="ok", detail=f"{backend} reachable", required=True)
 
 

@@ -7,6 +7,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
 
+from research.errors import DeepthreadError
+
 
 class Place(BaseModel):
     """Where a message goes: a channel, and the thread in it (None: the channel itself)."""
@@ -94,7 +96,7 @@ async def open_thread_under_title(messenger: Messenger, place: Place, *, title: 
     return OpenedThread(thread=root.message_id, status=status_ref)
 
 
-class MessengerError(Exception):
+class MessengerError(DeepthreadError):
     """The platform refused a message after retries; `reason` is the platform's error code."""
 
     def __init__(self, reason: str, *, retryable: bool = False) -> None:

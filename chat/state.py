@@ -4,11 +4,33 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, assert_never
 
 from pydantic import BaseModel, Field
 
+from research.events import (
+    Aborted,
+    Complete,
+    Error,
+    Event,
+    LLMUsage,
+    PhaseDone,
+    PhaseFailed,
+    PhaseStarted,
+    PlanReady,
+    Progress,
+    ProviderCall,
+    ProviderError,
+    ProviderResult,
+    SourcesRead,
+    Warning_,
+    event_from_stored,
+)
 from storage.vocabulary import TERMINAL_STATES, RunMode, RunState
+
+if TYPE_CHECKING:
+    from storage.models import Event as StoredEvent
+    from storage.models import Run
 
 PhaseStatus = Literal["waiting", "current", "done", "failed"]
 
@@ -93,7 +115,9 @@ def initial_progress(*, run_id: int, mode: RunMode, question: str, requested_by:
                        state=state, phases=phases, started_at=started_at)
 
 
-def _set_phase(phases: list[PhaseLine], name: str, status: PhaseStatus) -> list[PhaseLine]:
+def _set_phase(phases: list[PhaseLine], name: str | None, status: PhaseStatus) -> list[PhaseLine]:
+    if name is None:  # the engine names the phase of every phase event; a stored row without one changes no line
+        return phases
     lines = [line.model_copy() for line in phases]
     if not any(line.name == name for line in lines):
         lines.append(PhaseLine(name=name))
@@ -110,50 +134,52 @@ def _set_phase(phases: list[PhaseLine], name: str, status: PhaseStatus) -> list[
     return lines
 
 
-def apply_event(progress: RunProgress, event: Any) -> RunProgress:
-    """The progress after `event` (an engine event model); returns a new object."""
+def apply_event(progress: RunProgress, event: Event) -> RunProgress:
+    """The progress after `event`; returns a new object."""
     update: dict[str, Any] = {"last_seq": max(progress.last_seq, event.seq), "state": "running" if progress.state == "queued" else progress.state}
-    kind = event.type
-    if kind == "phase_started":
-        update["phases"] = _set_phase(progress.phases, event.phase, "current")
-    elif kind == "phase_done":
-        update["phases"] = _set_phase(progress.phases, event.phase, "done")
-        update["counts"] = {**progress.counts, **event.counts}
-    elif kind == "phase_failed":
-        update["phases"] = _set_phase(progress.phases, event.phase, "failed")
-    elif kind == "progress":
-        update["counts"] = {**progress.counts, **event.counts}
-        update["percent"] = max(progress.percent, event.percent)
-    elif kind == "warning":
-        update.update(warnings=progress.warnings + 1, last_warning=event.message)
-    elif kind == "plan_ready":
-        update["sub_questions"] = list(event.sub_questions)
-    elif kind == "sources_read":
-        known = {page.source_id for page in progress.pages_read}
-        update["pages_read"] = [*progress.pages_read, *(PageRead(source_id=page.source_id, url=page.url, title=page.title)
-                                                       for page in event.pages if page.source_id not in known)]
-    elif kind == "complete":
-        update.update(state="done", percent=100.0, partial=event.partial, partial_reason=event.partial_reason,
-                      phases=[line.model_copy(update={"status": "done" if line.status in ("current", "done") else line.status})
-                              for line in progress.phases])
-    elif kind == "aborted":
-        update.update(state="cancelled")
-    elif kind == "error":
-        update.update(state="failed", error=event.message)
+    match event:
+        case PhaseStarted(phase=phase):
+            update["phases"] = _set_phase(progress.phases, phase, "current")
+        case PhaseDone(phase=phase, counts=counts):
+            update["phases"] = _set_phase(progress.phases, phase, "done")
+            update["counts"] = {**progress.counts, **counts}
+        case PhaseFailed(phase=phase):
+            update["phases"] = _set_phase(progress.phases, phase, "failed")
+        case Progress(counts=counts, percent=percent):
+            update["counts"] = {**progress.counts, **counts}
+            update["percent"] = max(progress.percent, percent)
+        case Warning_(message=message):
+            update.update(warnings=progress.warnings + 1, last_warning=message)
+        case PlanReady(sub_questions=sub_questions):
+            update["sub_questions"] = list(sub_questions)
+        case SourcesRead(pages=pages):
+            known = {page.source_id for page in progress.pages_read}
+            update["pages_read"] = [*progress.pages_read, *(PageRead(source_id=page.source_id, url=page.url, title=page.title)
+                                                           for page in pages if page.source_id not in known)]
+        case Complete(partial=partial, partial_reason=partial_reason):
+            update.update(state="done", percent=100.0, partial=partial, partial_reason=partial_reason,
+                          phases=[line.model_copy(update={"status": "done" if line.status in ("current", "done") else line.status})
+                                  for line in progress.phases])
+        case Aborted():
+            update.update(state="cancelled")
+        case Error(message=message):
+            update.update(state="failed", error=message)
+        case ProviderCall() | ProviderResult() | ProviderError() | LLMUsage():
+            pass  # counted by the metrics and the report's footer; a status message does not show them
+        case _:
+            assert_never(event)
     return progress.model_copy(update=update)
 
 
-def progress_of_stored_run(run: Any, events: Iterable[Any], progress: RunProgress | None = None) -> RunProgress:
+def progress_of_stored_run(run: Run, events: Iterable[StoredEvent], progress: RunProgress | None = None) -> RunProgress:
     """A stored run's progress: `progress` (or a fresh one) with the stored `events` after it folded in,
     and the run row's final state when it has ended."""
-    from research.events import EventAdapter
-
     progress = progress or initial_progress(run_id=run.id, mode=run.mode, question=run.question,
                                             requested_by=run.requested_by, attempt=run.attempt)
     for row in events:
         if row.seq > progress.last_seq:
-            progress = apply_event(progress, EventAdapter.validate_python(
-                {**row.payload, "type": row.type, "phase": row.phase, "seq": row.seq, "at": row.at}))
+            progress = apply_event(progress, event_from_stored(type=row.type, phase=row.phase, payload=row.payload,
+                                                               seq=row.seq, at=row.at))
     update: dict[str, Any] = {"started_at": run.started_at, "attempt": run.attempt}
     if run.state in TERMINAL_STATES:
         update.update(state=run.state, error=run.error, cancelled_by=run.cancelled_by, partial=run.partial,

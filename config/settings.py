@@ -9,11 +9,13 @@ from urllib.parse import urlsplit
 from pydantic import AfterValidator, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from research.errors import DeepthreadError
+
 PROVIDER_NAMES = ("tavily", "brave", "exa", "searxng", "firecrawl", "duckduckgo")
 MIB = 1024 * 1024
 
 
-class SettingsError(Exception):
+class SettingsError(DeepthreadError):
     """A setting has an invalid value; the message is one line naming the variable."""
 
 

@@ -18,6 +18,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
 from config import Settings
+from research.errors import DeepthreadError
 from storage.db import make_engine, normalise_url
 from storage.redis import connect, resolve_redis_url
 from storage.shared_limits import live_workers
@@ -32,7 +33,7 @@ DATABASE_CONNECT_TIMEOUT_SECONDS = 2
 OK = "ok"
 
 
-class HealthProblem(Exception):
+class HealthProblem(DeepthreadError):
     """A part answered, and is not fit (its message is the reason, shown as is)."""
 
 

@@ -15,7 +15,7 @@ from enum import StrEnum
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 
-from research.events import Event
+from research.events import Event, LLMUsage, PhaseDone, ProviderCall, ProviderError, ProviderResult
 from research.models import FetchResult
 
 Clock = Callable[[], float]
@@ -154,20 +154,21 @@ class RunObserver:
     def saw(self, event: Event) -> None:
         """Record what `event` tells (phases, provider calls, model usage); other events tell nothing countable."""
         metrics = self.metrics
-        if event.type == "phase_done" and event.phase is not None:
-            metrics.phase_seconds.labels(phase=event.phase).observe(event.seconds)
-        elif event.type == "provider_call":
-            metrics.provider_calls.labels(provider=event.provider).inc()
-        elif event.type == "provider_result":
-            metrics.provider_seconds.labels(provider=event.provider).observe(event.seconds)
-        elif event.type == "provider_error":
-            metrics.provider_errors.labels(provider=event.provider, kind="skipped" if event.skipped else "failed").inc()
-        elif event.type == "llm_usage":
-            step = event.step or event.phase or "unknown"
-            metrics.llm_calls.labels(model=event.model, step=step).inc()
-            metrics.llm_tokens.labels(model=event.model, step=step, kind="prompt").inc(event.prompt_tokens)
-            metrics.llm_tokens.labels(model=event.model, step=step, kind="completion").inc(event.completion_tokens)
-            metrics.llm_cost.labels(model=event.model).inc(max(0.0, event.cost))
+        match event:
+            case PhaseDone(phase=str(phase), seconds=seconds):
+                metrics.phase_seconds.labels(phase=phase).observe(seconds)
+            case ProviderCall(provider=provider):
+                metrics.provider_calls.labels(provider=provider).inc()
+            case ProviderResult(provider=provider, seconds=seconds):
+                metrics.provider_seconds.labels(provider=provider).observe(seconds)
+            case ProviderError(provider=provider, skipped=skipped):
+                metrics.provider_errors.labels(provider=provider, kind="skipped" if skipped else "failed").inc()
+            case LLMUsage():
+                step = event.step or event.phase or "unknown"
+                metrics.llm_calls.labels(model=event.model, step=step).inc()
+                metrics.llm_tokens.labels(model=event.model, step=step, kind="prompt").inc(event.prompt_tokens)
+                metrics.llm_tokens.labels(model=event.model, step=step, kind="completion").inc(event.completion_tokens)
+                metrics.llm_cost.labels(model=event.model).inc(max(0.0, event.cost))
 
     def finished(self, state: str, *, pages: Iterable[FetchResult] = ()) -> None:
         """Count the run in its final `state`, its duration, and what became of each page it tried to fetch."""

@@ -6,11 +6,10 @@ import asyncio
 import datetime as dt
 import time
 from collections.abc import Callable
-from typing import Any
 
 from pydantic import BaseModel, Field
 
-from research.events import TERMINAL_TYPES, Emit
+from research.events import Aborted, Complete, Emit, Error, Event, TerminalEvent
 
 MIB = 1024 * 1024
 
@@ -112,19 +111,19 @@ class EventSink:
     def __init__(self, forward: Emit, first_seq: int = 1) -> None:
         self._forward = forward
         self._next_seq = first_seq
-        self.terminal: Any = None
+        self.terminal: TerminalEvent | None = None
         self._lock = asyncio.Lock()
 
     @property
     def last_seq(self) -> int:
         return self._next_seq - 1
 
-    async def __call__(self, event: Any) -> None:
+    async def __call__(self, event: Event) -> None:
         async with self._lock:
             if self.terminal is not None:
                 return
             event.seq = self._next_seq
             self._next_seq += 1
-            if event.type in TERMINAL_TYPES:
+            if isinstance(event, (Complete, Aborted, Error)):
                 self.terminal = event
             await self._forward(event)

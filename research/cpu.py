@@ -29,6 +29,8 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
+from research.errors import DeepthreadError
+
 Result = TypeVar("Result")
 
 # The processes are replaced after about this many tasks each, so a leak in a parser cannot grow forever.
@@ -45,7 +47,7 @@ RetireReason = Literal["timeout", "crash"]
 logger = logging.getLogger(__name__)
 
 
-class CpuTaskError(Exception):
+class CpuTaskError(DeepthreadError):
     """A task sent to a supervised pool ended without a result of its own."""
 
 

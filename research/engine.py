@@ -23,6 +23,7 @@ import httpx
 from pydantic import BaseModel
 
 from research.budget import Budget, CancelToken, EventSink, ResearchOptions
+from research.errors import DeepthreadError, internal_error_reason
 from research.events import (
     Aborted,
     Complete,
@@ -43,11 +44,9 @@ from research.fetch import FetchBudget, FetchConfig, SafeFetcher, build_fetch_cl
 from research.limits import CircuitBreaker, RateLimiter
 from research.llm import (
     ContextOverflow,
-    LLMAuthError,
     LLMClient,
     LLMError,
     LLMTimeout,
-    LLMUnavailable,
     LongAnswer,
     Message,
     OnText,
@@ -306,21 +305,7 @@ class _Run:
 
 def plain_reason(error: BaseException) -> str:
     """What went wrong, in words a person in the thread can act on; never a traceback or a secret."""
-    if isinstance(error, NoSearchProviderError):
-        return f"No search provider could answer. {error}".strip()
-    if isinstance(error, LLMAuthError):
-        return "The language model refused our credentials (check LLM_API_KEY)."
-    if isinstance(error, LLMTimeout):
-        return f"The language model was too slow: {error}."
-    if isinstance(error, ContextOverflow):
-        return f"The request is too long for the language model: {error} (LLM_CONTEXT_TOKENS)."
-    if isinstance(error, LLMUnavailable):
-        return f"The language model could not be reached: {error}"
-    if isinstance(error, StructuredOutputError):
-        return f"The language model did not return a valid answer: {error}"
-    if isinstance(error, LLMError):
-        return f"The language model failed: {error}"
-    return f"Internal error ({type(error).__name__}); the gathered sources were kept."
+    return error.plain_reason if isinstance(error, DeepthreadError) else internal_error_reason(error)
 
 
 def cut_off_reason(llm: LLMClient, *, limit: int | None = None, setting: str = "LLM_MAX_OUTPUT_TOKENS") -> str:

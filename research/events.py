@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, Field, TypeAdapter
@@ -125,7 +125,18 @@ Event = Annotated[
     Field(discriminator="type"),
 ]
 EventAdapter: TypeAdapter[Event] = TypeAdapter(Event)
+# Exactly one of these ends every run; nothing follows it.
+TerminalEvent = Complete | Aborted | Error
 TERMINAL_TYPES = frozenset({"complete", "aborted", "error"})
 
-Emit = Callable[[Any], Awaitable[None]]
+# How the engine reports: every phase, the search router and the scrape fallback await it with each event.
+Emit = Callable[[Event], Awaitable[None]]
+
+
+def event_from_stored(*, type: str, phase: str | None, payload: Mapping[str, Any], seq: int, at: dt.datetime) -> Event:
+    """The event a stored row holds (its columns and the rest of its fields in `payload`), as its own class.
+
+    Raises pydantic.ValidationError when `type` is no event's or the payload does not fit it.
+    """
+    return EventAdapter.validate_python({**payload, "type": type, "phase": phase, "seq": seq, "at": at})
 

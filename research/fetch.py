@@ -31,6 +31,7 @@ from urllib.parse import urljoin, urlsplit
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
+from research.errors import DeepthreadError
 from research.models import FetchResult, FetchStatus
 from research.providers.base import parse_retry_after
 from research.netguard import (
@@ -270,7 +271,7 @@ class HostPace:
                 return
 
 
-class FetchStopped(Exception):
+class FetchStopped(DeepthreadError):
     """A fetch ends early with a recorded outcome (refused, failed or skipped) and a human reason."""
 
     def __init__(self, status: FetchStatus, reason: str) -> None:

@@ -42,6 +42,7 @@ from openai.types.chat import ChatCompletion
 from openai.types.completion_usage import CompletionUsage
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
+from research.errors import DeepthreadError
 from research.models import ModelUsage
 
 DEFAULT_LLM_BASE_URL = "https://api.openai.com/v1"
@@ -94,16 +95,24 @@ OLLAMA_DEFAULT_CONTEXT_TOKENS = 4_096
 RUNAWAY_WHITESPACE = 64
 
 
-class LLMError(Exception):
+class LLMError(DeepthreadError):
     """Any failure to get a usable answer from the LLM endpoint; the message is plain and carries no secrets."""
 
     def __init__(self, message: str, *, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
 
+    @property
+    def plain_reason(self) -> str:
+        return f"The language model failed: {self}"
+
 
 class LLMUnavailable(LLMError):
     """The endpoint could not be reached, timed out, or kept answering 429/5xx after the retries."""
+
+    @property
+    def plain_reason(self) -> str:
+        return f"The language model could not be reached: {self}"
 
 
 class LLMTimeout(LLMUnavailable):
@@ -115,6 +124,10 @@ class LLMTimeout(LLMUnavailable):
         super().__init__(message)
         self.limit = limit
 
+    @property
+    def plain_reason(self) -> str:
+        return f"The language model was too slow: {self}."
+
 
 class ContextOverflow(LLMError):
     """The prompt, with room kept for the answer, does not fit the model's context window: send less and ask again.
@@ -124,9 +137,17 @@ class ContextOverflow(LLMError):
         super().__init__(message, status=status)
         self.context_tokens = context_tokens
 
+    @property
+    def plain_reason(self) -> str:
+        return f"The request is too long for the language model: {self} (LLM_CONTEXT_TOKENS)."
+
 
 class LLMAuthError(LLMError):
     """The endpoint refused the credentials (HTTP 401 or 403)."""
+
+    @property
+    def plain_reason(self) -> str:
+        return "The language model refused our credentials (check LLM_API_KEY)."
 
 
 class StructuredOutputError(LLMError):
@@ -136,6 +157,10 @@ class StructuredOutputError(LLMError):
         super().__init__(message)
         self.task = task
         self.last_answer = last_answer
+
+    @property
+    def plain_reason(self) -> str:
+        return f"The language model did not return a valid answer: {self}"
 
 
 class LLMConfig(BaseModel):

@@ -11,6 +11,8 @@ from typing import Protocol, runtime_checkable
 import idna
 from pydantic import BaseModel, ConfigDict
 
+from research.errors import DeepthreadError
+
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -22,11 +24,11 @@ _HEX_PART = re.compile(r"0[xX][0-9a-fA-F]*")
 _ASCII_NAME = re.compile(r"[a-z0-9_-]+(\.[a-z0-9_-]+)*\.?")
 
 
-class ResolutionError(Exception):
+class ResolutionError(DeepthreadError):
     """A host name could not be resolved to any address."""
 
 
-class MalformedHostError(ValueError):
+class MalformedHostError(ValueError, DeepthreadError):
     """A URL host that no browser or libc would resolve the same way twice."""
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Any, Generic, TypeVar
+
+from pydantic import TypeAdapter
 
 from sqlalchemy import JSON, DateTime, MetaData
 from sqlalchemy.orm import DeclarativeBase
@@ -25,6 +27,33 @@ class UTCDateTime(TypeDecorator[dt.datetime]):
         if value is not None and value.tzinfo is None:
             return value.replace(tzinfo=dt.timezone.utc)
         return value
+
+
+M = TypeVar("M")
+
+
+class ModelJSON(TypeDecorator[M], Generic[M]):
+    """A JSON column read and written as a pydantic type (a model, or a list of models): validated on the way in
+    and out, stored as the same plain JSON as before (unset defaults left out)."""
+
+    impl = JSON(none_as_null=True)
+    cache_ok = True
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.model = model  # named as the argument: SQLAlchemy's statement cache key reads it
+        self._adapter: TypeAdapter[Any] = TypeAdapter(model)
+
+    def process_bind_param(self, value: Any, dialect: Any) -> Any:
+        if value is None:
+            return None
+        return self._adapter.dump_python(self._adapter.validate_python(value), mode="json", exclude_defaults=True)
+
+    def process_result_value(self, value: Any, dialect: Any) -> Any:
+        return None if value is None else self._adapter.validate_python(value)
+
+    def coerce_compared_value(self, op: Any, value: Any) -> Any:
+        return JSON()
 
 
 NAMING_CONVENTION = {

@@ -32,7 +32,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 __all__ = ["Engine", "Sessions", "database_now", "is_transient_database_error", "make_engine",
-           "make_session_factory", "off_loop", "pool_options"]
+           "make_session_factory", "off_loop", "pool_options", "pooled_engine"]
 
 
 def off_loop(function: Callable[P, R]) -> Callable[P, Awaitable[R]]:
@@ -185,6 +185,16 @@ def pool_options(sessions_at_once: int) -> dict[str, int]:
     return {"pool_size": sessions_at_once, "max_overflow": POOL_OVERFLOW, "pool_timeout": POOL_WAIT_SECONDS}
 
 
+def pooled_engine(url: str, sessions_at_once: int) -> Engine:
+    """An engine for a process whose runs may hold `sessions_at_once` sessions at the same time, a pooled connection
+    for each (an in-memory SQLite database is one shared connection, with no pool to size)."""
+    parsed = make_url(normalise_url(url))
+    if parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:"):
+        return make_engine(url)
+    # SQLAlchemy's default pool (5 + 10 overflow) would make runs beyond 15 wait for a connection, SQLite files too.
+    return make_engine(url, **pool_options(sessions_at_once))
+
+
 def database_now(session: Session) -> dt.datetime:
     """The database server's time, in UTC: one clock for every machine that shares the database.
 
@@ -199,3 +209,17 @@ def database_now(session: Session) -> dt.datetime:
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:
     """A session factory whose objects stay readable after commit."""
     return sessionmaker(engine, expire_on_commit=False)
+
+
+def reachable_backend(url: str) -> str:
+    """The name of the database backend at `url` (sqlite, postgresql) once it has answered `SELECT 1`.
+
+    Raises whatever the driver raises when the database cannot be reached.
+    """
+    engine = make_engine(url)
+    try:
+        with engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+    finally:
+        engine.dispose()
+    return engine.url.get_backend_name()

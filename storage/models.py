@@ -10,9 +10,9 @@ from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 # The Slack OAuth tables join Base.metadata, so migrations and their drift check see them.
 import storage.installations  # noqa: F401
-from storage.base import Base
+from storage.base import Base, ModelJSON
 from storage.base import UTCDateTime as UTCDateTime  # the migrations name the column type storage.models.UTCDateTime
-from storage.vocabulary import TERMINAL_STATES, RunMode, RunState
+from storage.vocabulary import TERMINAL_STATES, DeliveredMessage, RunMode, RunOptions, RunState
 
 
 def utcnow() -> dt.datetime:
@@ -82,14 +82,14 @@ class Run(Base):
     workspace: Mapped[str] = mapped_column(String(64))
     mode: Mapped[RunMode] = mapped_column(String(16))
     question: Mapped[str] = mapped_column(Text)
-    options: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    options: Mapped[RunOptions] = mapped_column(ModelJSON(RunOptions), default=lambda: RunOptions())
     plan: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     state: Mapped[RunState] = mapped_column(String(16), default="queued")
     requested_by: Mapped[str] = mapped_column(String(64))
     cancelled_by: Mapped[str | None] = mapped_column(String(64))
     status_message: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     status_message_id: Mapped[str | None] = mapped_column(String(64))
-    delivered_messages: Mapped[list[Any] | None] = mapped_column(JSON)
+    delivered_messages: Mapped[list[DeliveredMessage] | None] = mapped_column(ModelJSON(list[DeliveredMessage]))
     delivery_intent_at: Mapped[dt.datetime | None]
     delivered_at: Mapped[dt.datetime | None]
     # Delivery attempts that failed (the platform down), when the resume sweep tries again, and when it stopped trying.

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session, sessionmaker
 
 from research.report import EXPORTERS, Report
+from storage.db import Sessions, off_loop
 from storage.feedback import FeedbackCounts, feedback_counts
 from storage.models import Run
 
 
-def export_run(sessions: sessionmaker[Session], run_id: int, output_format: str) -> str | None:
+def export_run(sessions: Sessions, run_id: int, output_format: str) -> str | None:
     """The run's report as md, html or json; None when it has none; raises LookupError when there is no such run."""
     with sessions() as session:
         run = session.get(Run, run_id)
@@ -31,10 +31,14 @@ def feedback_column(counts: FeedbackCounts | None) -> str:
     return f"👍 {counts.good} 👎 {counts.bad}" if counts is not None else "-"
 
 
-def recent_runs(sessions: sessionmaker[Session], limit: int) -> list[str]:
+def recent_runs(sessions: Sessions, limit: int) -> list[str]:
     """One line per run, newest first, with its 👍/👎 counts."""
     with sessions() as session:
         rows = session.scalars(select(Run).order_by(Run.id.desc()).limit(limit)).all()
         counts = feedback_counts(session, [run.id for run in rows])
         return [f"{run.id:>5}  {run.state:<9}  {run.mode:<8}  {run.created_at:%Y-%m-%d %H:%M}  "
                 f"{feedback_column(counts.get(run.id)):<10}  {run.question[:70]}" for run in rows]
+
+
+aexport_run = off_loop(export_run)
+arecent_runs = off_loop(recent_runs)

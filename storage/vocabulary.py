@@ -1,8 +1,11 @@
-"""The words a run's row stores for its state and mode, as literal types, so stored values and JSON stay plain strings."""
+"""The words a run's row stores: its state and mode as literal types (stored values and JSON stay plain strings),
+and the models of its JSON columns."""
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict
 
 RunState = Literal["queued", "running", "done", "failed", "cancelled", "timed_out"]
 RunMode = Literal["research", "plan", "chat", "followup"]
@@ -27,3 +30,45 @@ def run_mode(value: str) -> RunMode:
     if value not in RUN_MODES:
         raise ValueError(f"not a run mode: {value!r}")
     return value  # type: ignore[return-value]  # checked against get_args(RunMode) just above
+
+
+class RunOptions(BaseModel):
+    """The requester's narrowing of a run, stored as JSON on its row (`runs.options`).
+
+    `since` is an ISO date; `preset` shortens (`quick`) or deepens (`deep`) the budget; a follow-up
+    names the run whose passages it answers from in `answer_from_run`.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    since: str | None = None
+    sites: list[str] | None = None
+    preset: Literal["quick", "deep"] | None = None
+    answer_from_run: int | None = None
+
+    def carried(self) -> RunOptions:
+        """The narrowing a follow-on run of the same question keeps (since, sites, preset), not what it answered from."""
+        return self.model_copy(update={"answer_from_run": None})
+
+    def merged(self, newer: RunOptions) -> RunOptions:
+        """These options with each one `newer` sets taken from it."""
+        return self.model_copy(update=newer.model_dump(exclude_unset=True, exclude_none=True))
+
+
+DeliveredKind = Literal["message", "file", "notice", "progress"]
+
+
+class DeliveredMessage(BaseModel):
+    """One message a run put in its thread, recorded so a retried delivery edits it instead of posting again.
+
+    `ref` is the platform's reference (a `chat.message.MessageRef` as JSON; storage names no chat
+    type); a `file` upload may have none. `streamed`: the answer was streamed into it before its
+    audit; `final`: a progress message already shows the run's final state.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: DeliveredKind
+    ref: dict[str, Any] | None = None
+    streamed: bool = False
+    final: bool = False

@@ -21,6 +21,9 @@ RUN_MODULES = (
 )
 # The database and Redis layers (reading the settings loads SQLAlchemy's URL parser to check DATABASE_URL).
 STORAGE_MODULES = ("sqlalchemy", "alembic", "redis", "storage")
+# The run vocabulary (literals and the JSON columns' pydantic models) is storage's one module a request's words are
+# checked with: it loads nothing but pydantic.
+LIGHT_STORAGE_MODULES = ("storage", "storage.vocabulary")
 
 
 class ImportedModule(BaseModel):
@@ -51,8 +54,8 @@ class ImportProfile(BaseModel):
 
     def loaded(self, packages: tuple[str, ...]) -> list[str]:
         """The imported modules that are one of `packages` or inside one of them."""
-        return sorted(name for name in self.names
-                      if any(name == package or name.startswith(package + ".") for package in packages))
+        return sorted(name for name in self.names if name not in LIGHT_STORAGE_MODULES
+                      and any(name == package or name.startswith(package + ".") for package in packages))
 
 
 def parse_importtime(stderr: str) -> tuple[list[ImportedModule], str]:

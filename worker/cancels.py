@@ -10,17 +10,17 @@ flag never reached Redis, or that Redis lost, still arrives.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
 import redis
-from sqlalchemy import select
-from sqlalchemy.orm import Session, sessionmaker
 
 from research.budget import CancelToken
-from storage.models import Run
+from storage.admission import cancellers
+from storage.db import Sessions
 from storage.shared_limits import CANCEL_FLAG, read_cancel_flags
 
 logger = logging.getLogger(__name__)
@@ -37,16 +37,9 @@ def redis_flags(client: redis.Redis, key: str = CANCEL_FLAG) -> ReadFlags:
     return lambda run_ids: read_cancel_flags(client, run_ids, key=key)
 
 
-def row_flags(sessions: sessionmaker[Session]) -> ReadFlags:
+def row_flags(sessions: Sessions) -> ReadFlags:
     """Who stopped each of the runs, from their rows."""
-
-    def read(run_ids: list[int]) -> dict[int, str]:
-        with sessions() as session:
-            rows = session.execute(select(Run.id, Run.cancelled_by)
-                                   .where(Run.id.in_(run_ids), Run.cancelled_by.is_not(None))).all()
-        return {run_id: by for run_id, by in rows}
-
-    return read
+    return functools.partial(cancellers, sessions)
 
 
 class CancelWatcher:

@@ -19,11 +19,9 @@ import logging
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import select, update
-from sqlalchemy.orm import Session, joinedload, sessionmaker
 
 from config import setting_default
 from chat.message import AnswerStreaming, Messenger, MessageRef, MessengerError, Place
@@ -32,26 +30,35 @@ from chat.render import PlatformRenderer
 from chat.state import RunProgress, initial_progress, progress_of_stored_run
 from chat.tasks import TaskStreaming
 from research.report import Report, audit_line
-from storage.db import database_now
-from storage.models import Event, Run, utcnow
-from worker.answer_stream import AnswerStream
-from worker.leases import claim_undelivered, holds_attempt
-from worker.progress import EditBudget, StatusEditor
-from worker.progress_stream import (
-    PROGRESS,
-    ProgressStream,
-    finish_progress_message,
-    may_open_progress,
-    record_progress_message,
+from storage.db import Sessions
+from storage.deliveries import (
+    StoredRun,
+    adelivered_messages,
+    ahas_report,
+    amark_delivered,
+    amay_open_progress,
+    amay_stream_answer,
+    arecord_delivered,
+    arecord_failed_delivery,
+    arecord_progress_message,
+    arecord_streamed_answer,
+    areport_for_delivery,
+    arun_with_events,
+    astill_waiting,
+    delivery_run,
+    run_with_events,
 )
+from storage.leases import aclaim_undelivered, ais_current_attempt
+from storage.vocabulary import DeliveredMessage
+from worker.answer_stream import AnswerStream
+from worker.progress import EditBudget, StatusEditor
+from worker.progress_stream import ProgressStream, finish_progress_message
 
 if TYPE_CHECKING:
     from config import Settings
 
 logger = logging.getLogger(__name__)
 
-UPLOADED_FILE = "file"
-NOTICE = "notice"  # the notice that the report could not be posted: a retry does not post it twice
 # How long the engine waits for the first status edit (a rate-limited Slack must not hold the research up).
 FIRST_EDIT_WAIT_SECONDS = 2.0
 # Beyond this many doublings the delay is the cap anyway (and 2 ** n stays a small number).
@@ -124,24 +131,23 @@ class DeliveryTarget:
     mode: str = ""
 
     @classmethod
-    def load(cls, sessions: sessionmaker[Session], run_id: int) -> DeliveryTarget | None:
+    def load(cls, sessions: Sessions, run_id: int) -> DeliveryTarget | None:
         """The run's target, read once; None when the run does not exist."""
-        with sessions() as session:
-            run = session.get(Run, run_id)
-            if run is None:
-                return None
-            conversation = run.conversation
-            return cls(run_id=run_id,
-                       place=Place(platform=conversation.platform, workspace=conversation.workspace,
-                                   channel=conversation.channel, thread=conversation.thread),
-                       status_ref=MessageRef.model_validate(run.status_message) if run.status_message else None,
-                       requester=platform_user(run.requested_by), mode=run.mode)
+        run = delivery_run(sessions, run_id)
+        if run is None:
+            return None
+        conversation = run.conversation
+        return cls(run_id=run_id,
+                   place=Place(platform=conversation.platform, workspace=conversation.workspace,
+                               channel=conversation.channel, thread=conversation.thread),
+                   status_ref=MessageRef.model_validate(run.status_message) if run.status_message else None,
+                   requester=platform_user(run.requested_by), mode=run.mode)
 
 
 class RunDelivery:
     """Edits one run's status message and posts its report, on the run's own platform."""
 
-    def __init__(self, sessions: sessionmaker[Session], target: DeliveryTarget, *, messenger: Messenger,
+    def __init__(self, sessions: Sessions, target: DeliveryTarget, *, messenger: Messenger,
                  renderer: PlatformRenderer, bucket: EditBudget, min_interval: float = 1.0,
                  retry: DeliveryRetry | None = None, clock: WallClock | None = None) -> None:
         self.sessions = sessions
@@ -170,9 +176,9 @@ class RunDelivery:
             return None
         return ProgressStream(
             self.messenger, self.place, self.requester, bucket=bucket, min_interval=min_interval,
-            may_open=lambda attempt: asyncio.to_thread(may_open_progress, self.sessions, self.run_id, attempt),
-            record_opened=lambda attempt, ref: asyncio.to_thread(record_progress_message, self.sessions, self.run_id,
-                                                                 attempt, ref),
+            may_open=lambda attempt: amay_open_progress(self.sessions, self.run_id, attempt),
+            record_opened=lambda attempt, ref: arecord_progress_message(self.sessions, self.run_id, attempt,
+                                                                        ref.model_dump(mode="json")),
             on_fallback=self._status_takes_over)
 
     async def _status_takes_over(self, progress: RunProgress) -> None:
@@ -184,15 +190,14 @@ class RunDelivery:
         changed, self._status_phase = key != self._status_phase, key
         return changed
 
-    def _owns(self, attempt: int) -> bool:
-        with self.sessions() as session:
-            return holds_attempt(session, self.run_id, attempt)
+    async def _owns(self, attempt: int) -> bool:
+        return await ais_current_attempt(self.sessions, self.run_id, attempt)
 
     async def _edit_status(self, progress: RunProgress) -> None:
         if self.status_ref is None:
             return
         fresh, self._fresh_attempt = progress.attempt == self._fresh_attempt, None
-        if not fresh and not await asyncio.to_thread(self._owns, progress.attempt):
+        if not fresh and not await self._owns(progress.attempt):
             return
         await self.messenger.edit(self.status_ref, self.renderer.status(progress, now=dt.datetime.now(dt.timezone.utc)))
 
@@ -221,23 +226,10 @@ class RunDelivery:
         if self.answer_stream is None and isinstance(self.messenger, AnswerStreaming) and self.place.thread:
             self.answer_stream = AnswerStream(
                 self.messenger, self.place, self.requester, loop=loop,
-                may_open=lambda: asyncio.to_thread(self._may_stream, attempt),
-                record_opened=lambda ref: asyncio.to_thread(self._record_streamed, attempt, ref))
+                may_open=lambda: amay_stream_answer(self.sessions, self.run_id, attempt),
+                record_opened=lambda ref: arecord_streamed_answer(self.sessions, self.run_id, attempt,
+                                                                  ref.model_dump(mode="json")))
         return self.answer_stream
-
-    def _may_stream(self, attempt: int) -> bool:
-        """Whether this attempt owns the run and nothing of its answer is in the thread yet (a retry edits that)."""
-        with self.sessions() as session:
-            run = session.get(Run, self.run_id)
-            return run is not None and run.attempt == attempt and not run.delivered_messages
-
-    def _record_streamed(self, attempt: int, ref: MessageRef) -> bool:
-        """Record the streamed message as the answer's first message, so that delivery edits it, never reposts."""
-        entry = {"kind": "message", "ref": ref.model_dump(mode="json"), "streamed": True}
-        with self.sessions.begin() as session:
-            return bool(session.execute(
-                update(Run).where(Run.id == self.run_id, Run.attempt == attempt).values(delivered_messages=[entry])
-            ).rowcount)
 
     async def close_answer_stream(self) -> None:
         """End the answer's stream, if one is open (the audited answer then replaces what it showed)."""
@@ -279,7 +271,7 @@ class RunDelivery:
             await self._final_status(progress)
         except Exception as error:
             return await self._after_failed_attempt(progress, error)
-        await asyncio.to_thread(self._mark_delivered, progress.attempt)
+        await amark_delivered(self.sessions, self.run_id, progress.attempt)
         return DeliveryOutcome.DELIVERED
 
     async def _report_or_notice(self, attempt: int) -> None:
@@ -295,16 +287,13 @@ class RunDelivery:
         self._report_in_thread = True
 
     async def _post_notice_once(self, attempt: int, text: str) -> None:
-        delivered = await asyncio.to_thread(self._recorded_messages)
-        if any(entry.get("kind") == NOTICE for entry in delivered):
+        # The notice is recorded, so a retry does not post it twice.
+        delivered = await adelivered_messages(self.sessions, self.run_id)
+        if any(entry.kind == "notice" for entry in delivered):
             return
         ref = await self.messenger.post(self.place, self.renderer.notice(text))
-        await asyncio.to_thread(self._record, attempt, [*delivered, {"kind": NOTICE, "ref": ref.model_dump(mode="json")}])
-
-    def _recorded_messages(self) -> list[dict[str, Any]]:
-        with self.sessions() as session:
-            run = session.get(Run, self.run_id)
-            return list(run.delivered_messages or []) if run is not None else []
+        notice = DeliveredMessage(kind="notice", ref=ref.model_dump(mode="json"))
+        await arecord_delivered(self.sessions, self.run_id, attempt, [*delivered, notice])
 
     async def _final_status(self, progress: RunProgress) -> None:
         """The last status edit; a message the platform refuses to edit for good (deleted) is let go."""
@@ -319,7 +308,9 @@ class RunDelivery:
         reason = reason_of(error)
         lasting = is_lasting_refusal(error)  # here: the report and the notice both refused for good
         try:
-            recorded = await asyncio.to_thread(self._record_failed_attempt, progress.attempt, lasting)
+            recorded = await arecord_failed_delivery(
+                self.sessions, self.run_id, progress.attempt, lasting=lasting, max_attempts=self.retry.max_attempts,
+                delay_after=self.retry.delay_after, now=self._clock() if self._clock is not None else None)
         except Exception:
             logger.error("delivery of run %s failed (%s) and the failure could not be stored", self.run_id, reason,
                          exc_info=True)
@@ -339,7 +330,7 @@ class RunDelivery:
     async def _last_words(self, progress: RunProgress, reason: str, tries: int) -> None:
         """Best effort, once: tell the thread the report could not be posted, and show the final state."""
         try:
-            if not self._report_in_thread and await asyncio.to_thread(self._has_report, progress.attempt):
+            if not self._report_in_thread and await ahas_report(self.sessions, self.run_id, progress.attempt):
                 await self.messenger.post(self.place, self.renderer.notice(unpostable_notice(self.run_id, reason,
                                                                                              tries=tries)))
         except Exception as error:
@@ -351,90 +342,48 @@ class RunDelivery:
             except Exception as error:
                 logger.warning("last status edit of run %s failed (%s)", self.run_id, reason_of(error))
 
-    def _now(self, session: Session) -> dt.datetime:
-        return self._clock() if self._clock is not None else database_now(session)
-
-    def _record_failed_attempt(self, attempt: int, lasting: bool) -> tuple[int, bool] | None:
-        """Count a failed try and schedule the next, or give up; the tries so far and whether it gave up (None: not ours)."""
-        with self.sessions.begin() as session:
-            run = session.get(Run, self.run_id)
-            if run is None or run.attempt != attempt or run.delivered_at is not None:
-                return None
-            now = self._now(session)
-            run.delivery_attempts = (run.delivery_attempts or 0) + 1
-            given_up = lasting or run.delivery_attempts >= self.retry.max_attempts
-            run.delivery_retry_at = None if given_up else now + dt.timedelta(
-                seconds=self.retry.delay_after(run.delivery_attempts))
-            run.delivery_given_up_at = now if given_up else None
-            run.lease_owner, run.lease_until = None, None
-            return run.delivery_attempts, given_up
-
-    def _has_report(self, attempt: int) -> bool:
-        with self.sessions() as session:
-            run = session.get(Run, self.run_id)
-            return run is not None and run.attempt == attempt and run.report_json is not None
-
-    def _mark_delivered(self, attempt: int) -> None:
-        with self.sessions.begin() as session:
-            session.execute(update(Run).where(Run.id == self.run_id, Run.attempt == attempt)
-                            .values(delivered_at=utcnow(), delivery_retry_at=None, lease_owner=None, lease_until=None))
-
-    def _load_for_delivery(self, attempt: int) -> tuple[Report | None, list[dict[str, Any]]]:
-        with self.sessions.begin() as session:
-            if not holds_attempt(session, self.run_id, attempt):
-                return None, []
-            run = session.get(Run, self.run_id)
-            if run.report_json is None:
-                return None, []
-            run.delivery_intent_at = run.delivery_intent_at or utcnow()
-            return Report.model_validate(run.report_json), list(run.delivered_messages or [])
-
-    def _record(self, attempt: int, delivered: list[dict[str, Any]]) -> bool:
-        with self.sessions.begin() as session:
-            return bool(session.execute(
-                update(Run).where(Run.id == self.run_id, Run.attempt == attempt).values(delivered_messages=delivered)
-            ).rowcount)
-
     async def deliver_report(self, attempt: int) -> None:
         """Post the stored report into the thread; a retry edits what an earlier try posted."""
-        report, delivered = await asyncio.to_thread(self._load_for_delivery, attempt)
-        if report is None:
+        report_json, delivered = await areport_for_delivery(self.sessions, self.run_id, attempt)
+        if report_json is None:
             return
+        report = Report.model_validate(report_json)
         delivery = self.renderer.report(report, requester=self.requester, run_id=self.run_id)
-        posted = [entry for entry in delivered if entry.get("kind") not in (UPLOADED_FILE, NOTICE, PROGRESS)]
+        posted = [entry for entry in delivered if entry.kind == "message"]
         for index, content in enumerate(delivery.messages):
             if index < len(posted):
-                await self.messenger.edit(MessageRef.model_validate(posted[index]["ref"]), content)
+                await self.messenger.edit(MessageRef.model_validate(posted[index].ref), content)
                 continue
-            if not await asyncio.to_thread(self._owns, attempt):
+            if not await self._owns(attempt):
                 return
             ref = await self.messenger.post(self.place, content)
-            delivered.append({"kind": "message", "ref": ref.model_dump(mode="json")})
-            await asyncio.to_thread(self._record, attempt, delivered)
-        if delivery.file is not None and not any(entry.get("kind") == UPLOADED_FILE for entry in delivered):
-            if not await asyncio.to_thread(self._owns, attempt):
+            delivered.append(DeliveredMessage(kind="message", ref=ref.model_dump(mode="json")))
+            await arecord_delivered(self.sessions, self.run_id, attempt, delivered)
+        if delivery.file is not None and not any(entry.kind == "file" for entry in delivered):
+            if not await self._owns(attempt):
                 return
-            ref = await self.messenger.upload(self.place, delivery.file)
-            delivered.append({"kind": UPLOADED_FILE, "ref": ref.model_dump(mode="json") if ref else None})
-            await asyncio.to_thread(self._record, attempt, delivered)
+            uploaded = await self.messenger.upload(self.place, delivery.file)
+            delivered.append(DeliveredMessage(kind="file", ref=uploaded.model_dump(mode="json") if uploaded else None))
+            await arecord_delivered(self.sessions, self.run_id, attempt, delivered)
 
 
-def stored_progress(sessions: sessionmaker[Session], run_id: int) -> RunProgress | None:
+def stored_progress(sessions: Sessions, run_id: int) -> RunProgress | None:
     """A stored run's progress as its status message should show it (None: no such run)."""
-    with sessions() as session:
-        run = session.get(Run, run_id)
-        if run is None:
-            return None
-        progress = progress_of_stored_run(run, session.scalars(select(Event).where(Event.run_id == run_id)
-                                                               .order_by(Event.seq)))
-        report = Report.model_validate(run.report_json) if run.report_json is not None else None
+    return _progress_of(run_with_events(sessions, run_id))
+
+
+def _progress_of(stored: StoredRun | None) -> RunProgress | None:
+    if stored is None:
+        return None
+    progress = progress_of_stored_run(stored.run, stored.events)
+    report = Report.model_validate(stored.run.report_json) if stored.run.report_json is not None else None
     if report is not None and report.audit.sentences_total:
         # As the runner shows it when it delivers at once: the audit's line on the final status.
         progress = progress.model_copy(update={"audit_line": audit_line(report)})
     return progress
 
 
-async def sweep_undelivered(sessions: sessionmaker[Session], *, platforms: Collection[str], lease_seconds: float,
+async def sweep_undelivered(sessions: Sessions, *, platforms: Collection[str], lease_seconds: float,
                             delivery_for: Callable[[int], RunDelivery | None],
                             now: dt.datetime | None = None) -> dict[int, DeliveryOutcome]:
     """One pass of the resume sweep: claim the finished runs whose delivery is due and deliver each.
@@ -442,10 +391,10 @@ async def sweep_undelivered(sessions: sessionmaker[Session], *, platforms: Colle
     Returns each claimed run's outcome. `delivery_for` builds a run's delivery on its platform.
     """
     outcomes: dict[int, DeliveryOutcome] = {}
-    for run_id in await asyncio.to_thread(claim_undelivered, sessions, platforms, lease_seconds, now):
+    for run_id in await aclaim_undelivered(sessions, platforms, lease_seconds, now):
         try:
-            delivery = await asyncio.to_thread(delivery_for, run_id)
-            progress = await asyncio.to_thread(stored_progress, sessions, run_id)
+            delivery = await asyncio.to_thread(delivery_for, run_id)  # it reads the run's target and may build a client
+            progress = _progress_of(await arun_with_events(sessions, run_id))
             if delivery is None or progress is None:
                 continue
             outcomes[run_id] = await delivery.finish(progress)
@@ -457,7 +406,7 @@ async def sweep_undelivered(sessions: sessionmaker[Session], *, platforms: Colle
 PlatformParts = Callable[[str], "Outbound | None"]
 
 
-async def show_queue_positions(sessions: sessionmaker[Session], waiting: Iterable[tuple[int, int]], *,
+async def show_queue_positions(sessions: Sessions, waiting: Iterable[tuple[int, int]], *,
                                platform_parts: PlatformParts, bucket: EditBudget) -> list[int]:
     """Show each waiting run's place in the queue in its status message; returns the runs edited.
 
@@ -466,7 +415,7 @@ async def show_queue_positions(sessions: sessionmaker[Session], waiting: Iterabl
     """
     edited = []
     parts_of: dict[str, Outbound | None] = {}  # one client per platform, not per run
-    for run_id, platform, workspace, progress, ref in await asyncio.to_thread(_still_waiting, sessions, list(waiting)):
+    for run_id, platform, workspace, progress, ref in await _still_waiting(sessions, list(waiting)):
         try:
             if platform not in parts_of:
                 parts_of[platform] = platform_parts(platform)
@@ -481,19 +430,15 @@ async def show_queue_positions(sessions: sessionmaker[Session], waiting: Iterabl
     return edited
 
 
-def _still_waiting(sessions: sessionmaker[Session],
-                   waiting: list[tuple[int, int]]) -> list[tuple[int, str, str, RunProgress, MessageRef]]:
+async def _still_waiting(sessions: Sessions,
+                         waiting: list[tuple[int, int]]) -> list[tuple[int, str, str, RunProgress, MessageRef]]:
     """(run id, platform, workspace, progress at its position, status message) of the runs still waiting, read at once."""
     position_of = dict(waiting)
     still: list[tuple[int, str, str, RunProgress, MessageRef]] = []
-    with sessions() as session:
-        runs = session.scalars(select(Run).where(Run.id.in_(list(position_of))).options(joinedload(Run.conversation)))
-        for run in runs:
-            if not run.status_message or run.state != "queued" or run.celery_task_id is not None:
-                continue  # admitted or ended since the list was read: its own status is more recent
-            progress = initial_progress(run_id=run.id, mode=run.mode, question=run.question,
-                                        requested_by=run.requested_by).model_copy(
-                                            update={"queue_position": position_of[run.id]})
-            still.append((run.id, run.conversation.platform, run.conversation.workspace, progress,
-                          MessageRef.model_validate(run.status_message)))
+    for run in await astill_waiting(sessions, list(position_of)):
+        progress = initial_progress(run_id=run.id, mode=run.mode, question=run.question,
+                                    requested_by=run.requested_by).model_copy(
+                                        update={"queue_position": position_of[run.id]})
+        still.append((run.id, run.conversation.platform, run.conversation.workspace, progress,
+                      MessageRef.model_validate(run.status_message)))
     return sorted(still, key=lambda item: position_of[item[0]])

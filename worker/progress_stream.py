@@ -15,20 +15,15 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
-
-from sqlalchemy.orm import Session, sessionmaker
 
 from chat.message import MessageRef, Place
 from chat.state import RunProgress
 from chat.tasks import TaskList, TaskStreaming, task_list
-from storage.models import Run
+from storage.db import Sessions
+from storage.deliveries import amark_progress_final, aunfinished_progress_message
 from worker.progress import Clock, EditBudget, Sleep, StatusEditor
 
 logger = logging.getLogger(__name__)
-
-# How a run's streamed progress message is recorded among its delivered messages (never edited as a report message).
-PROGRESS = "progress"
 
 MayOpen = Callable[[int], Awaitable[bool]]
 RecordOpened = Callable[[int, MessageRef], Awaitable[bool]]
@@ -132,52 +127,12 @@ class ProgressStream:
         self.shown = tasks
 
 
-def progress_entry(delivered: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The recorded progress message among a run's delivered messages, if any."""
-    return next((entry for entry in delivered if entry.get("kind") == PROGRESS), None)
-
-
-def may_open_progress(sessions: sessionmaker[Session], run_id: int, attempt: int) -> bool:
-    """Whether `attempt` owns the run and no attempt has opened a progress message yet (one per run, ever)."""
-    with sessions() as session:
-        run = session.get(Run, run_id)
-        return run is not None and run.attempt == attempt and progress_entry(list(run.delivered_messages or [])) is None
-
-
-def record_progress_message(sessions: sessionmaker[Session], run_id: int, attempt: int, ref: MessageRef) -> bool:
-    """Record the streamed progress message on the run (unless a newer attempt owns it); whether it was recorded."""
-    with sessions.begin() as session:
-        run = session.get(Run, run_id)
-        if run is None or run.attempt != attempt:
-            return False
-        entry = {"kind": PROGRESS, "ref": ref.model_dump(mode="json"), "final": False}
-        run.delivered_messages = [*(run.delivered_messages or []), entry]
-        return True
-
-
-def mark_progress_final(sessions: sessionmaker[Session], run_id: int, attempt: int) -> None:
-    """Record that the progress message shows the run's final state, so no retry edits it again."""
-    with sessions.begin() as session:
-        run = session.get(Run, run_id)
-        if run is None or run.attempt != attempt:
-            return
-        run.delivered_messages = [{**entry, "final": True} if entry.get("kind") == PROGRESS else entry
-                                  for entry in run.delivered_messages or []]
-
-
-def unfinished_progress_message(sessions: sessionmaker[Session], run_id: int) -> MessageRef | None:
-    """The run's progress message while it does not show the final state yet."""
-    with sessions() as session:
-        run = session.get(Run, run_id)
-        entry = progress_entry(list(run.delivered_messages or [])) if run is not None else None
-    return MessageRef.model_validate(entry["ref"]) if entry is not None and not entry.get("final") else None
-
-
-async def finish_progress_message(sessions: sessionmaker[Session], run_id: int, final_progress: RunProgress, *,
+async def finish_progress_message(sessions: Sessions, run_id: int, final_progress: RunProgress, *,
                                   messenger: object, stream: ProgressStream | None) -> None:
     """Show the final state in the run's progress message, once: the live stream stopped, or the recorded message
     (an earlier attempt's, or this one's after the stream ended) edited; raises MessengerError when that failed."""
-    ref = await asyncio.to_thread(unfinished_progress_message, sessions, run_id)
+    recorded = await aunfinished_progress_message(sessions, run_id)
+    ref = MessageRef.model_validate(recorded) if recorded is not None else None
     if stream is not None and (ref is None or stream.ref != ref):
         await stream.stop()  # never opened here, or not the recorded message: nothing of it to finish
         stream = None
@@ -189,4 +144,4 @@ async def finish_progress_message(sessions: sessionmaker[Session], run_id: int, 
         await messenger.show_task_list(ref, task_list(final_progress))
     else:
         return
-    await asyncio.to_thread(mark_progress_final, sessions, run_id, final_progress.attempt)
+    await amark_progress_final(sessions, run_id, final_progress.attempt)

@@ -12,26 +12,37 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from sqlalchemy import delete, func, insert, select
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
-from sqlalchemy.exc import TimeoutError as ConnectionPoolTimeout
-from sqlalchemy.orm import Session, sessionmaker
-
 from research import engine
 from research.budget import CancelToken, ResearchOptions
-from research.events import Error
+from research.events import Aborted, Complete, Error, Event, PhaseStarted, TerminalEvent
 from research.llm import OnText
 from research.models import Passage as FoundPassage
 from research.models import SearchResult
 from research.report import Report, audit_line, render_markdown
 from research.thread_context import THREAD_SHARE_OF_WINDOW, Turn, fit_thread_context
-from storage.db import database_now
-from storage.models import Citation, Event, Message, Passage, Run, Source, utcnow
-from storage.vocabulary import RunState
+from storage.attempts import (
+    AttemptOutcome,
+    AttemptStart,
+    CitationFinding,
+    Findings,
+    PassageFinding,
+    SourceFinding,
+    StoredPassage,
+    afinish_attempt,
+    amark_failed,
+    arun_inputs,
+    astart_attempt,
+    write_events,
+)
+from storage.attempts import start_attempt as take_attempt
+from storage.db import Sessions, is_transient_database_error
+from storage.leases import arenew_lease
+from storage.models import Message, Run, utcnow
+from storage.vocabulary import RunOptions, RunState
 from chat.state import RunProgress, apply_event, initial_progress
 from ops.log_context import describe_run, logged_as_run, set_run_phase
 from ops.metrics import Metrics, RunObserver
-from worker.leases import holds_attempt, renew_lease, take_lease, worker_identity
+from worker.leases import worker_identity
 
 logger = logging.getLogger(__name__)
 
@@ -46,18 +57,11 @@ EVENT_WRITE_DELAY_SECONDS = 0.25
 STORE_RETRY_DELAYS_SECONDS = (1.0, 2.0, 4.0, 8.0)
 
 
-def is_transient_database_error(error: BaseException) -> bool:
-    """Whether the database may well answer if asked again soon: locked (SQLite), unreachable or restarting (PostgreSQL)."""
-    if isinstance(error, DBAPIError) and error.connection_invalidated:
-        return True
-    return isinstance(error, (OperationalError, InterfaceError, ConnectionPoolTimeout))
-
-
 @dataclass
 class RunnerServices:
     """What executing a run needs: the database, the engine's tools, and the run's limits."""
 
-    sessions: sessionmaker[Session]
+    sessions: Sessions
     tools: engine.ResearchTools
     options: ResearchOptions
     hard_deadline_grace_seconds: float = 60.0
@@ -67,14 +71,14 @@ class RunnerServices:
     metrics: Metrics | None = None  # the process's Prometheus metrics (ops.metrics), fed by every run's events
 
 
-def options_for_run(base: ResearchOptions, stored: dict[str, Any]) -> ResearchOptions:
+def options_for_run(base: ResearchOptions, stored: RunOptions) -> ResearchOptions:
     """The run's options: the configured budget with the requester's narrowing (since, sites, preset) applied."""
     update: dict[str, Any] = {}
-    if stored.get("since"):
-        update["since"] = dt.date.fromisoformat(stored["since"])
-    if stored.get("sites"):
-        update["sites"] = list(stored["sites"])
-    preset = stored.get("preset")
+    if stored.since:
+        update["since"] = dt.date.fromisoformat(stored.since)
+    if stored.sites:
+        update["sites"] = list(stored.sites)
+    preset = stored.preset
     if preset == "quick":
         update.update(max_rounds=1, max_sources=min(base.max_sources, 6), max_searches=min(base.max_searches, 8),
                       max_seconds=min(base.max_seconds, 120))
@@ -92,7 +96,7 @@ class RunRecorder:
     worker far less than one each.
     """
 
-    def __init__(self, sessions: sessionmaker[Session], run: Run, on_state: OnState | None, *,
+    def __init__(self, sessions: Sessions, run: Run, on_state: OnState | None, *,
                  write_delay: float = EVENT_WRITE_DELAY_SECONDS, sleep: Sleep = asyncio.sleep,
                  observer: RunObserver | None = None) -> None:
         self.sessions = sessions
@@ -102,7 +106,7 @@ class RunRecorder:
         self.on_state = on_state
         self.progress = initial_progress(run_id=run.id, mode=run.mode, question=run.question, attempt=run.attempt,
                                          requested_by=run.requested_by, state="running", started_at=run.started_at)
-        self.terminal: Any = None
+        self.terminal: TerminalEvent | None = None
         self._write_delay = write_delay
         self._sleep = sleep
         self._unwritten: list[dict[str, Any]] = []
@@ -110,25 +114,26 @@ class RunRecorder:
         self._write_lock = threading.Lock()  # one write at a time: a later write waits for an earlier failed one's rows
         self._writer: asyncio.Task[None] | None = None
 
-    async def __call__(self, event: Any) -> None:
+    async def __call__(self, event: Event) -> None:
         if self.observer is not None:
             self.observer.saw(event)
         row = {"run_id": self.run_id, "seq": event.seq, "type": event.type, "phase": event.phase,
                "payload": event.model_dump(mode="json", exclude={"seq", "type", "phase", "at"}), "at": event.at}
         with self._unwritten_lock:
             self._unwritten.append(row)
-        if event.type == "phase_started":
-            set_run_phase(event.phase)
-            logger.info("phase %s started", event.phase)
-        if event.type in TERMINAL_STATE_OF_EVENT:
-            logger.info("run %s ended: %s", self.run_id, event.type)
-            self.terminal = event
-            self.stop_batching()
-            try:
-                await asyncio.to_thread(self.write_unwritten)  # off the loop, like the batched writes
-            except Exception:  # kept: the run's final store writes them, trying again while the database is busy
-                logger.warning("could not store the events of run %s yet", self.run_id, exc_info=True)
-        elif self._writer is None:
+        match event:
+            case PhaseStarted(phase=str(phase)):
+                set_run_phase(phase)
+                logger.info("phase %s started", phase)
+            case Complete() | Aborted() | Error():
+                logger.info("run %s ended: %s", self.run_id, event.type)
+                self.terminal = event
+                self.stop_batching()
+                try:
+                    await asyncio.to_thread(self.write_unwritten)  # off the loop, like the batched writes
+                except Exception:  # kept: the run's final store writes them, trying again while the database is busy
+                    logger.warning("could not store the events of run %s yet", self.run_id, exc_info=True)
+        if self.terminal is not event and self._writer is None:
             self._writer = asyncio.create_task(self._write_soon())
         self.progress = apply_event(self.progress, event)
         if self.on_state is not None:
@@ -152,9 +157,7 @@ class RunRecorder:
             if not rows:
                 return
             try:
-                with self.sessions.begin() as session:
-                    if holds_attempt(session, self.run_id, self.attempt, lock=True):
-                        session.execute(insert(Event), rows)
+                write_events(self.sessions, self.run_id, self.attempt, rows)
             except Exception:
                 with self._unwritten_lock:
                     self._unwritten = rows + self._unwritten  # kept for the next write
@@ -170,12 +173,9 @@ class RunRecorder:
             logger.warning("could not store the events of run %s yet", self.run_id, exc_info=True)
 
 
-def _history(session: Session, run: Run) -> list[Turn]:
-    messages = session.scalars(
-        select(Message).where(Message.conversation_id == run.conversation_id).order_by(Message.id.desc()).limit(HISTORY_MESSAGES)
-    ).all()
+def _history(messages: list[Message]) -> list[Turn]:
     return [Turn(role="assistant" if message.role == "assistant" else "user", content=message.text)
-            for message in reversed(messages)]
+            for message in messages]
 
 
 def _without_current_question(history: list[Turn], question: str) -> list[Turn]:
@@ -191,16 +191,12 @@ def _context_text(history: list[Turn]) -> str | None:
     return "\n".join(f"{turn['role']}: {turn['content']}" for turn in history)
 
 
-def _stored_passages(session: Session, run: Run) -> tuple[list[FoundPassage], dict[str, SearchResult]]:
-    """The passages and sources of the run a follow-up answers from (recorded in its options)."""
-    source_run_id = run.options.get("answer_from_run")
-    if source_run_id is None:
-        return [], {}
-    rows = session.scalars(select(Passage).where(Passage.run_id == source_run_id).order_by(Passage.id)).all()
-    passages = [FoundPassage(id=row.passage_id, source_id=row.source.source_id, text=row.text, start=row.start,
+def _stored_passages(rows: list[StoredPassage]) -> tuple[list[FoundPassage], dict[str, SearchResult]]:
+    """The passages and sources of the run a follow-up answers from, as the engine takes them."""
+    passages = [FoundPassage(id=row.passage_id, source_id=row.source_id, text=row.text, start=row.start,
                              end=row.end, is_snippet=row.is_snippet) for row in rows]
-    sources = {row.source.source_id: SearchResult(id=row.source.source_id, provider=row.source.provider or "",
-                                                  title=row.source.title or row.source.url, url=row.source.url)
+    sources = {row.source_id: SearchResult(id=row.source_id, provider=row.provider or "", title=row.title or row.url,
+                                           url=row.url)
                for row in rows}
     return passages, sources
 
@@ -219,83 +215,55 @@ class StartedAttempt(NamedTuple):
         return progress.model_copy(update={"last_seq": self.first_seq - 1})
 
 
-def start_attempt(sessions: sessionmaker[Session], run_id: int, owner: str, lease_seconds: float) -> StartedAttempt | None:
+def _started(taken: AttemptStart | None) -> StartedAttempt | None:
+    """The attempt storage has just started, its run named on the log lines from now on."""
+    if taken is None:
+        return None
+    run = taken.run
+    describe_run(conversation_id=run.conversation_id, platform=run.conversation.platform, workspace=run.workspace)
+    return StartedAttempt(run, taken.first_seq)
+
+
+def start_attempt(sessions: Sessions, run_id: int, owner: str, lease_seconds: float) -> StartedAttempt | None:
     """Take the run's lease as a new attempt and clear an earlier attempt's findings (blocking: call from a thread).
 
     Returns None when the run has ended or another attempt holds a live lease. Raises LookupError
     when the run does not exist.
     """
-    attempt = take_lease(sessions, run_id, owner, lease_seconds)
-    if attempt is None:
-        with sessions() as session:
-            if session.get(Run, run_id) is None:
-                raise LookupError(f"run {run_id} does not exist")
-        return None
-    with sessions.begin() as session:
-        if attempt > 1:
-            for model in (Citation, Passage, Source):
-                session.execute(delete(model).where(model.run_id == run_id))
-        last_seq = session.scalar(select(func.max(Event.seq)).where(Event.run_id == run_id)) or 0
-        run = session.get(Run, run_id)
-        describe_run(conversation_id=run.conversation_id, platform=run.conversation.platform, workspace=run.workspace)
-        session.expunge(run)
-    return StartedAttempt(run, last_seq + 1)
+    return _started(take_attempt(sessions, run_id, owner, lease_seconds))
 
 
-def _record_findings(session: Session, run: Run, state: engine.ResearchState) -> None:
-    source_rows: dict[str, Source] = {}
+def _findings(state: engine.ResearchState) -> Findings:
+    """What the run gathered, as storage keeps it: its sources (with how fetching them went), passages and citations."""
+    sources = []
     for source_id, found in state.sources.items():
         outcome = state.fetches.get(source_id)
-        row = Source(run_id=run.id, source_id=source_id, url=found.url, title=found.title, snippet=found.snippet,
-                     provider=found.provider, published=found.published.isoformat() if found.published else None,
-                     fetch_status=outcome.status if outcome else None, fetch_reason=outcome.reason if outcome else None)
-        session.add(row)
-        source_rows[source_id] = row
-    passage_rows: dict[str, Passage] = {}
-    for found in state.passages:
-        source_row = source_rows.get(found.source_id)
-        if source_row is None:
-            continue
-        row = Passage(run_id=run.id, source=source_row, passage_id=found.id, text=found.text, start=found.start,
-                      end=found.end, is_snippet=found.is_snippet)
-        session.add(row)
-        passage_rows[found.id] = row
-    if state.audit is not None:
-        for verdict in state.audit.citations:
-            session.add(Citation(run_id=run.id, passage=passage_rows.get(verdict.passage_id) if verdict.passage_id else None,
-                                 sentence=verdict.sentence, verdict=verdict.stored_verdict))
+        sources.append(SourceFinding(
+            source_id=source_id, url=found.url, title=found.title, snippet=found.snippet, provider=found.provider,
+            published=found.published.isoformat() if found.published else None,
+            fetch_status=outcome.status if outcome else None, fetch_reason=outcome.reason if outcome else None))
+    passages = [PassageFinding(passage_id=found.id, source_id=found.source_id, text=found.text, start=found.start,
+                               end=found.end, is_snippet=found.is_snippet) for found in state.passages]
+    citations = [CitationFinding(sentence=verdict.sentence, verdict=verdict.stored_verdict, passage_id=verdict.passage_id)
+                 for verdict in (state.audit.citations if state.audit is not None else [])]
+    return Findings(sources, passages, citations)
 
 
-def _finish(sessions: sessionmaker[Session], run_id: int, attempt: int, final_state: RunState, state: engine.ResearchState,
-            report: Report | None, error: str | None, reply_text: str | None, cancelled_by: str | None = None) -> bool:
-    """Store the outcome unless a newer attempt owns the run; returns whether it was stored."""
-    with sessions.begin() as session:
-        if not holds_attempt(session, run_id, attempt, lock=True):
-            return False
-        run = session.get(Run, run_id)
-        run.lease_owner, run.lease_until = None, None
-        _record_findings(session, run, state)
-        run.state = final_state
-        run.finished_at = database_now(session)  # the reaper judges delivery's grace by it
-        if final_state == "cancelled" and run.cancelled_by is None:
-            run.cancelled_by = cancelled_by
-        run.error = error
-        run.phase_timings = dict(state.phase_seconds)
-        if report is not None:
-            run.report_markdown = render_markdown(report)
-            run.report_json = report.model_dump(mode="json")
-            run.partial = report.partial
-            run.partial_reason = report.partial_reason
-            run.usage = report.usage.model_dump(mode="json")
-        elif state.partial_reason:
-            run.partial, run.partial_reason = True, state.partial_reason
-        if reply_text:
-            session.add(Message(conversation_id=run.conversation_id, role="assistant", author="deepthread",
-                                text=reply_text, mode=run.mode))
-    return True
+def _outcome(final_state: RunState, state: engine.ResearchState, report: Report | None, error: str | None,
+             reply_text: str | None, cancelled_by: str | None) -> AttemptOutcome:
+    """How the attempt ended, as its run's row keeps it: with the report, or with the partial reason the engine gave."""
+    report_columns: dict[str, Any] = {}
+    if report is not None:
+        report_columns = {"report_markdown": render_markdown(report), "report_json": report.model_dump(mode="json"),
+                          "usage": report.usage.model_dump(mode="json"), "partial": report.partial,
+                          "partial_reason": report.partial_reason}
+    elif state.partial_reason:
+        report_columns = {"partial": True, "partial_reason": state.partial_reason}
+    return AttemptOutcome(state=final_state, error=error, cancelled_by=cancelled_by,
+                          phase_timings=dict(state.phase_seconds), reply_text=reply_text, **report_columns)
 
 
-async def _store_outcome(services: RunnerServices, recorder: RunRecorder, store: Callable[[], bool]) -> bool:
+async def _store_outcome(services: RunnerServices, recorder: RunRecorder, store: Callable[[], Awaitable[bool]]) -> bool:
     """Write the last events and the run's outcome, trying again while the database is briefly unavailable.
 
     Returns whether the outcome was stored: False when a newer attempt owns the run, or when the
@@ -305,8 +273,8 @@ async def _store_outcome(services: RunnerServices, recorder: RunRecorder, store:
     delays = iter(services.store_retry_delays)
     while True:
         try:
-            await asyncio.to_thread(recorder.write_unwritten)
-            return await asyncio.to_thread(store)
+            await asyncio.to_thread(recorder.write_unwritten)  # with its locks, in a thread as the batched writes
+            return await store()
         except Exception as error:
             if not is_transient_database_error(error):
                 raise
@@ -326,7 +294,7 @@ async def _keep_lease(services: RunnerServices, run_id: int, attempt: int, owner
     while True:
         await asyncio.sleep(services.lease_seconds / 3)
         try:
-            held = await asyncio.to_thread(renew_lease, services.sessions, run_id, attempt, owner, services.lease_seconds)
+            held = await arenew_lease(services.sessions, run_id, attempt, owner, services.lease_seconds)
         except Exception:  # a busy database: try again, but never outlive the lease unnoticed
             logger.warning("could not renew the lease of run %s", run_id, exc_info=True)
             held = time.monotonic() - renewed_at < services.lease_seconds
@@ -354,7 +322,7 @@ async def execute(run_id: int, on_state: OnState | None, *, services: RunnerServ
     first_state_shown = started is not None
     if started is None:
         # Off the loop: a write that waits for the database must not hold up the runs sharing it.
-        started = await asyncio.to_thread(start_attempt, services.sessions, run_id, owner, services.lease_seconds)
+        started = _started(await astart_attempt(services.sessions, run_id, owner, services.lease_seconds))
         if started is None:
             return None
     run = started.run
@@ -371,16 +339,8 @@ async def execute(run_id: int, on_state: OnState | None, *, services: RunnerServ
         # Whatever broke outside the engine, the run ends in a stored state that says so.
         logger.error("run %s failed outside the engine", run.id, exc_info=True)
         reason = f"Internal error ({type(error).__name__}); the run stopped before what it found could be stored."
-        await asyncio.to_thread(_mark_failed, services.sessions, run.id, run.attempt, reason)
+        await amark_failed(services.sessions, run.id, run.attempt, reason)
         raise
-
-
-def _mark_failed(sessions: sessionmaker[Session], run_id: int, attempt: int, reason: str) -> None:
-    with sessions.begin() as session:
-        run = session.get(Run, run_id)
-        if run is not None and run.attempt == attempt and not run.finished:
-            run.state, run.error, run.finished_at = "failed", reason, database_now(session)
-            run.lease_owner, run.lease_until = None, None
 
 
 async def _execute_started(started: StartedAttempt, owner: str, show_first: OnState | None, on_state: OnState | None, *,
@@ -396,13 +356,11 @@ async def _execute_started(started: StartedAttempt, owner: str, show_first: OnSt
         await show_first(recorder.progress)
     cancel = cancel or CancelToken()
     state = engine.ResearchState()
-    options = options_for_run(services.options, run.options or {})
-    def read_inputs() -> tuple[list[Turn], list[FoundPassage], dict[str, SearchResult]]:
-        with services.sessions() as session:
-            earlier = _without_current_question(_history(session, run), run.question)
-            return earlier, *(_stored_passages(session, run) if run.mode == "followup" else ([], {}))
-
-    earlier, passages, sources = await asyncio.to_thread(read_inputs)  # off the loop the runs share
+    options = options_for_run(services.options, run.options)
+    inputs = await arun_inputs(services.sessions, run.conversation_id, history_messages=HISTORY_MESSAGES,
+                               answer_from_run=run.options.answer_from_run if run.mode == "followup" else None)
+    earlier = _without_current_question(_history(inputs.history), run.question)
+    passages, sources = _stored_passages(inputs.passages)
     # The thread's history takes at most CHAT_MAX_CONTEXT_TOKENS, and at most a quarter of the model's window, so the
     # passages and the answer keep their room (the window is asked of the server once per process).
     window = await services.tools.llm.context_tokens()
@@ -453,17 +411,18 @@ async def _execute_started(started: StartedAttempt, owner: str, show_first: OnSt
             recorder.progress = recorder.progress.model_copy(update={"state": "timed_out"})
         else:
             terminal = recorder.terminal
-            final_state = TERMINAL_STATE_OF_EVENT.get(terminal.type, "failed") if terminal is not None else "failed"
-            error = getattr(terminal, "message", None) if final_state == "failed" else None
+            final_state = TERMINAL_STATE_OF_EVENT[terminal.type] if terminal is not None else "failed"
+            error = terminal.message if isinstance(terminal, Error) else None
             if final_state == "cancelled":
                 recorder.progress = recorder.progress.model_copy(update={"cancelled_by": cancelled_by})
         if report is not None and report.model is None:
             report.model = services.tools.llm.config.model  # named in the report's "Written by AI" line
         # What the bot said joins the thread's history, so follow-ups and revisions have it as context.
         reply_text = report.body_markdown[:MAX_HISTORY_REPLY_CHARS] if report is not None else None
+        # Rendering a long report takes a while: not on the loop the runs share.
+        outcome = await asyncio.to_thread(_outcome, final_state, state, report, error, reply_text, cancelled_by)
         stored = await _store_outcome(services, recorder, functools.partial(
-            _finish, services.sessions, run.id, run.attempt, final_state, state, report, error, reply_text,
-            cancelled_by))
+            afinish_attempt, services.sessions, run.id, run.attempt, outcome, _findings(state)))
     finally:
         lease_keeper.cancel()
     if not stored:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import ssl
@@ -10,8 +9,6 @@ import threading
 from collections.abc import Iterable
 
 import httpx
-from sqlalchemy import Engine
-from sqlalchemy.engine import make_url
 
 from chat.platform import Outbound, OutboundPlatform
 from chat.state import RunProgress
@@ -21,7 +18,9 @@ from ops.metrics import process_metrics
 from research.budget import CancelToken
 from research.cpu import cpu_pool
 from storage.answer_drafts import AnswerDraftWriter
-from storage.db import make_engine, make_session_factory, normalise_url, pool_options
+from storage.admission import aqueue_positions
+from storage.db import Engine, make_session_factory, pooled_engine
+from storage.leases import fail_unstartable
 from storage.redis import connect, resolve_redis_url
 from storage.shared_limits import (
     HEARTBEAT_SECONDS,
@@ -34,7 +33,7 @@ from storage.shared_limits import (
 )
 from worker.cancels import CancelWatcher, redis_flags, row_flags
 from worker.delivery import DeliveryRetry, DeliveryTarget, RunDelivery, show_queue_positions, sweep_undelivered
-from worker.leases import fail_unstartable, reap, worker_identity
+from worker.leases import reap, worker_identity
 from worker.loop import RunLoop
 from worker.queue import Limits, Queue, SendTask
 from worker.runner import RunnerServices, StartedAttempt, execute, start_attempt
@@ -49,12 +48,7 @@ DELIVERY_BLOCKING_THREADS = 16
 
 def worker_engine(settings: Settings) -> Engine:
     """The worker process's database engine, with a pooled connection for every run in flight."""
-    url = make_url(normalise_url(settings.database_url))
-    if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
-        return make_engine(settings.database_url)  # one shared connection (StaticPool): no pool to size
-    # SQLAlchemy's default pool (5 + 10 overflow) would make runs beyond 15 wait for a connection, SQLite files too.
-    return make_engine(settings.database_url,
-                       **pool_options(settings.worker_concurrency + BLOCKING_THREADS_BEYOND_CONCURRENCY))
+    return pooled_engine(settings.database_url, settings.worker_concurrency + BLOCKING_THREADS_BEYOND_CONCURRENCY)
 
 
 def shared_ssl_context() -> ssl.SSLContext:
@@ -216,7 +210,7 @@ class WorkerRuntime:
     async def refresh_waiting(self, admitted: list[int] | None = None) -> None:
         """Show each waiting run's current place in the queue in its status message (in the workspaces of the
         `admitted` runs only, when given)."""
-        waiting = await asyncio.to_thread(self.queue.waiting_runs, admitted)
+        waiting = await aqueue_positions(self.sessions, admitted)
         await show_queue_positions(self.sessions, waiting, platform_parts=self._platform_parts, bucket=self.edit_bucket)
 
     def start_reaper(self) -> None:

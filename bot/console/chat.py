@@ -23,13 +23,11 @@ from typing import Literal
 from rich.console import Console, RenderableType
 from rich.table import Table
 from rich.text import Text
-from sqlalchemy import select
-from sqlalchemy.orm import Session, sessionmaker
 
 from bot.console.bundle import TERMINAL, TERMINAL_USER
 from bot.conversation.core import ConversationCore
 from bot.conversation.events import ChatEvent
-from bot.conversation.history import run_history
+from bot.conversation.history import arun_history
 from chat.message import MessageRef, Place
 from chat.console.messenger import ConsoleMessenger, print_unbroken, renderable_for
 from chat.console.render import ConsoleRenderer
@@ -37,8 +35,12 @@ from chat.history import mode_name
 from chat.state import RunProgress, initial_progress, progress_of_stored_run
 from research.report import Report
 from storage.answer_drafts import AnswerDraftReader
-from storage.models import Conversation, Event, Run
-from storage.runs import RUNS_HEADER, export_run, recent_runs
+from storage.conversations import ThreadKey, aload_run, athread_view
+from storage.db import Sessions
+from storage.models import Run
+from storage.admission import aqueue_position
+from storage.deliveries import arun_with_events
+from storage.runs import RUNS_HEADER, aexport_run, arecent_runs
 from storage.shared_limits import live_workers
 
 SLASH = {"/research": "research:", "/plan": "plan:", "/ask": "ask:"}
@@ -194,7 +196,7 @@ class TerminalChat:
     `clock`/`sleep` pace the following of a run (tests pass fakes of them).
     """
 
-    def __init__(self, core: ConversationCore, sessions: sessionmaker[Session], messenger: ConsoleMessenger,
+    def __init__(self, core: ConversationCore, sessions: Sessions, messenger: ConsoleMessenger,
                  console: Console, read_line: Callable[[str], str] = input, *, exports: Path | None = None,
                  workers_alive: Callable[[], list[str]] | None = None, no_worker: str = NO_WORKER,
                  clock: Callable[[], float] = time.monotonic,
@@ -246,13 +248,13 @@ class TerminalChat:
         if command.name == "help":
             self.console.print(help_text())
         elif command.name == "history":
-            self.console.print(await asyncio.to_thread(self._history))
+            self.console.print(await self._history())
         elif command.name == "runs":
-            lines = await asyncio.to_thread(recent_runs, self.sessions, RUNS_LIMIT)
+            lines = await arecent_runs(self.sessions, RUNS_LIMIT)
             for line in [RUNS_HEADER, *lines] if lines else ["No runs yet."]:
                 print_unbroken(self.console, Text(line))
         elif command.name == "export":
-            print_unbroken(self.console, await asyncio.to_thread(self._export, command.arguments))
+            print_unbroken(self.console, await self._export(command.arguments))
         else:
             self.console.print(Text(f"Unknown command {command.word}. Type /help for the commands."))
 
@@ -288,14 +290,15 @@ class TerminalChat:
         watch = WorkerWatch(NO_WORKER_GRACE_SECONDS, self.clock)
         draft = AnswerDraftView(self.messenger, self.renderer, _place(self.thread))
         try:
-            with self.sessions() as session:
-                run = session.get(Run, run_id)
-                status = MessageRef.model_validate(run.status_message)
-                progress = initial_progress(run_id=run.id, mode=run.mode, question=run.question,
-                                            requested_by=run.requested_by)
+            run = await aload_run(self.sessions, run_id)
+            if run is None:
+                raise LookupError(f"no run {run_id}")
+            status = MessageRef.model_validate(run.status_message)
+            progress = initial_progress(run_id=run.id, mode=run.mode, question=run.question,
+                                        requested_by=run.requested_by)
             print_unbroken(self.console, Text(f"Run {run_id} · {mode_name(progress.mode)}", style="dim"))
             while True:
-                progress, run = await asyncio.to_thread(self._progress, run_id, progress)
+                progress, run = await self._progress(run_id, progress)
                 await self.messenger.edit(status, self.renderer.status(progress, now=_now()))
                 if run.finished:
                     break
@@ -322,39 +325,38 @@ class TerminalChat:
         elif run.mode == "plan":
             self.console.print("Say [bold]go[/] to run this plan, or describe what to change.", highlight=False)
 
-    def _progress(self, run_id: int, progress: RunProgress) -> tuple[RunProgress, Run]:
-        with self.sessions() as session:
-            run = session.get(Run, run_id)
-            events = session.scalars(select(Event).where(Event.run_id == run_id, Event.seq > progress.last_seq)
-                                     .order_by(Event.seq))
-            progress = progress_of_stored_run(run, events, progress)
-            if run.state == "queued":
-                progress = progress.model_copy(update={"queue_position": self.core.queue.position(run_id)})
-            session.expunge(run)
-            return progress, run
+    async def _progress(self, run_id: int, progress: RunProgress) -> tuple[RunProgress, Run]:
+        """The run as stored now, and `progress` with its events since then folded in (and its place in the queue)."""
+        stored = await arun_with_events(self.sessions, run_id, after_seq=progress.last_seq)
+        if stored is None:
+            raise LookupError(f"no run {run_id}")
+        run, events = stored
+        progress = progress_of_stored_run(run, events, progress)
+        if run.state == "queued":
+            position = await aqueue_position(self.sessions, run_id)
+            progress = progress.model_copy(update={"queue_position": position})
+        return progress, run
 
-    def _history(self) -> RenderableType:
+    async def _history(self) -> RenderableType:
         """This terminal's latest runs (every session's), newest first, as the conversation core lists them."""
-        with self.sessions() as session:
-            history = run_history(session, platform=TERMINAL.platform, workspace=TERMINAL.workspace,
-                                  channel=TERMINAL.channel, user=TERMINAL_USER, limit=HISTORY_LIMIT)
+        history = await arun_history(self.sessions, platform=TERMINAL.platform, workspace=TERMINAL.workspace,
+                                     channel=TERMINAL.channel, user=TERMINAL_USER, limit=HISTORY_LIMIT)
         return renderable_for(self.renderer.history(history))
 
-    def _latest_report_run(self) -> int | None:
+    async def _latest_report_run(self) -> int | None:
         """The id of this session's latest run with a report, if any."""
         if self.thread is None:
             return None
-        with self.sessions() as session:
-            runs = session.scalars(select(Run).join(Conversation).where(
-                Conversation.platform == TERMINAL.platform, Conversation.workspace == TERMINAL.workspace,
-                Conversation.channel == TERMINAL.channel, Conversation.thread == self.thread).order_by(Run.id.desc()))
-            return next((run.id for run in runs if run.report_json is not None), None)
+        view = await athread_view(self.sessions, ThreadKey(TERMINAL.platform, TERMINAL.workspace, TERMINAL.channel,
+                                                            self.thread))
+        reported = view.last_reported if view is not None else None
+        return reported.id if reported is not None else None
 
-    def _export(self, arguments: tuple[str, ...]) -> Text:
+    async def _export(self, arguments: tuple[str, ...]) -> Text:
         """Write a run's report (without a run id, this session's latest) under `exports`; the text says where, or
         why it could not."""
         if len(arguments) == 1 and arguments[0].lower() in EXPORT_FORMATS:
-            latest = self._latest_report_run()
+            latest = await self._latest_report_run()
             if latest is None:
                 return Text(f"No report in this session yet. {EXPORT_USAGE}")
             arguments = (str(latest), arguments[0])
@@ -364,18 +366,21 @@ class TerminalChat:
         output_format = arguments[1].lower() if len(arguments) == 2 else "md"
         if output_format not in EXPORT_FORMATS:
             return Text(f"Cannot export as {arguments[1]}: choose md, html or json, e.g. /export {run_id} html.")
-        with self.sessions() as session:
-            run = session.get(Run, run_id)
-            state = run.state if run is not None else None
-        if state is None:
+        run = await aload_run(self.sessions, run_id)
+        if run is None:
             return Text(f"There is no run {run_id}. /history lists this terminal's runs, /runs every run.")
-        text = export_run(self.sessions, run_id, output_format)
+        text = await aexport_run(self.sessions, run_id, output_format)
         if text is None:
-            return Text(f"Run {run_id} has no report to export (it is {state}).")
+            return Text(f"Run {run_id} has no report to export (it is {run.state}).")
+        path = await asyncio.to_thread(self._save_export, run_id, output_format, text)
+        return Text(f"Saved the report of run {run_id} to {path}")
+
+    def _save_export(self, run_id: int, output_format: str, text: str) -> Path:
+        """Write an exported report under `exports`; where it went."""
         self.exports.mkdir(parents=True, exist_ok=True)
         path = self.exports / f"deepthread-report-{run_id}.{output_format}"
         path.write_text(text, encoding="utf-8")
-        return Text(f"Saved the report of run {run_id} to {path.resolve()}")
+        return path.resolve()
 
 
 def _place(thread: str | None) -> Place:

@@ -8,7 +8,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from research.errors import DeepthreadError
 from research.report import ExportFormat
+from storage.vocabulary import RunOptions
 
 Mode = Literal["research", "plan", "chat"]
 MAX_QUESTION_CHARS = 2_000
@@ -42,7 +44,7 @@ _HISTORY = re.compile(r"^\s*history\s*[.!?]*\s*$", re.IGNORECASE)
 _EXPORT = re.compile(r"^\s*export(?:\s+(?:as\s+)?(md|markdown|html|json))?\s*[.!]*\s*$", re.IGNORECASE)
 
 
-class UsageProblem(Exception):
+class UsageProblem(DeepthreadError):
     """The request cannot be run as written; the message says why and how to fix it."""
 
 
@@ -51,7 +53,7 @@ class Request(BaseModel):
 
     mode: Mode
     question: str
-    options: dict[str, Any] = Field(default_factory=dict)
+    options: RunOptions = Field(default_factory=RunOptions)
 
 
 def is_help(text: str) -> bool:
@@ -157,6 +159,6 @@ def parse_request(text: str, default_mode: Mode) -> Request:
         raise UsageProblem(f"That question is {len(question):,} characters; the limit is {MAX_QUESTION_CHARS:,}. "
                            "Please shorten it.")
     mode = prefixed or default_mode
-    if mode == "chat" and options:
-        options = {}
-    return Request(mode=mode, question=question, options=options)
+    if mode == "chat":
+        options = {}  # a quick answer searches nothing, so nothing narrows it
+    return Request(mode=mode, question=question, options=RunOptions(**options))

@@ -4,26 +4,23 @@ from __future__ import annotations
 
 import datetime as dt
 
-from sqlalchemy.orm import Session, sessionmaker
-
-from bot.conversation.events import ChatEvent, Outcome, Reply
+from bot.conversation.events import ChatEvent, Outcome
 from ops.metrics import Metrics, process_metrics
-from storage.feedback import record_comment, record_verdict
+from storage.conversations import astore_feedback
+from storage.db import Sessions
 from storage.models import Run
 
-NO_VERDICT = "That feedback button sent nothing I understand; please click 👍 or 👎 again."
 
-
-def record_feedback(sessions: sessionmaker[Session], event: ChatEvent, run: Run, now: dt.datetime,
-                    metrics: Metrics | None = None) -> Outcome:
-    """Store the event's verdict or comment on `run` for the event's person (and count it in `metrics`, this
-    process's by default); a 👎 asks the adapter for a comment."""
-    with sessions.begin() as session:
-        if event.action == "feedback_comment":
-            record_comment(session, run_id=run.id, user=event.user, comment=event.text, now=now)
-            return Outcome()
-        if event.feedback is None:
-            return Outcome(replies=[Reply(text=NO_VERDICT, private=True)])
-        record_verdict(session, run_id=run.id, user=event.user, verdict=event.feedback, now=now)
-    (metrics or process_metrics()).record_feedback(event.feedback)
-    return Outcome(ask_what_was_wrong=run.id if event.feedback == "bad" else None)
+async def record_feedback(sessions: Sessions, event: ChatEvent, run: Run, now: dt.datetime,
+                          metrics: Metrics | None = None) -> Outcome:
+    """Store the event's verdict or comment on `run` for the event's person (and count a verdict in `metrics`, this
+    process's by default); a 👎 asks the adapter for a comment. The rules have refused a click with no verdict."""
+    if event.action == "feedback_comment":
+        await astore_feedback(sessions, run_id=run.id, user=event.user, now=now, comment=event.text)
+        return Outcome()
+    verdict = event.feedback
+    if verdict is None:
+        raise ValueError("a feedback click with no verdict reached the store")
+    await astore_feedback(sessions, run_id=run.id, user=event.user, now=now, verdict=verdict)
+    (metrics or process_metrics()).record_feedback(verdict)
+    return Outcome(ask_what_was_wrong=run.id if verdict == "bad" else None)

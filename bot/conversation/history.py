@@ -2,37 +2,32 @@
 
 A run's channel is public or private (a private channel, a group or a direct message), as the adapter said when its
 conversation was stored. A private channel's runs are listed only in that channel, so a listing never names a run
-from a channel that someone reading it there may not see.
+from a channel that someone reading it there may not see (`storage.conversations.listed_runs` holds that rule).
 """
 
 from __future__ import annotations
 
-from sqlalchemy import Select, or_, select
-from sqlalchemy.orm import Session
-
 from chat.history import RunHistory, RunSummary
 from chat.message import Place
-from storage.models import Conversation, Run
+from storage.conversations import RunRow, listed_runs
+from storage.db import Sessions, off_loop
 
 HISTORY_LIMIT = 10
-PUBLIC = "public"
-PRIVATE = "private"
 
 
-def run_history(session: Session, *, platform: str, workspace: str, channel: str, user: str,
+def run_history(sessions: Sessions, *, platform: str, workspace: str, channel: str, user: str,
                 limit: int = HISTORY_LIMIT) -> RunHistory:
-    """`user`'s latest runs that may be listed in `channel` (there, or in a public channel of the same workspace),
-    and the latest runs others started in `channel`, newest first, at most `limit` of each."""
-    same_workspace = (Conversation.platform == platform, Conversation.workspace == workspace)
-    in_channel = Conversation.channel == channel
-    yours = select(Run, Conversation).join(Conversation).where(
-        *same_workspace, Run.requested_by == user, or_(in_channel, Conversation.visibility == PUBLIC))
-    others = select(Run, Conversation).join(Conversation).where(*same_workspace, in_channel, Run.requested_by != user)
-    return RunHistory(yours=_summaries(session, yours, limit), channel=_summaries(session, others, limit))
+    """`user`'s latest runs that may be listed in `channel`, and the latest runs others started in `channel`, newest
+    first, at most `limit` of each."""
+    yours, others = listed_runs(sessions, platform=platform, workspace=workspace, channel=channel, user=user,
+                                limit=limit)
+    return RunHistory(yours=_summaries(yours), channel=_summaries(others))
 
 
-def _summaries(session: Session, query: Select[tuple[Run, Conversation]], limit: int) -> list[RunSummary]:
-    rows = session.execute(query.order_by(Run.id.desc()).limit(limit)).all()
+arun_history = off_loop(run_history)
+
+
+def _summaries(rows: list[RunRow]) -> list[RunSummary]:
     return [RunSummary(run_id=run.id, mode=run.mode, state=run.state, question=run.question,
                        requested_by=run.requested_by, created_at=run.created_at,
                        thread=Place(platform=conversation.platform, workspace=conversation.workspace,

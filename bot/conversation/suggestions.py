@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 from pydantic import BaseModel
-from sqlalchemy import select
-from sqlalchemy.orm import Session
 
 from bot.conversation.events import SuggestedPrompt
 from chat.text import shortened, single_line
-from storage.models import Conversation, Run
 from storage.vocabulary import RunMode
 
 # Slack shows at most four suggested prompts.
@@ -31,14 +28,6 @@ class PastQuestion(BaseModel):
 
     mode: RunMode
     question: str
-
-
-def latest_question(session: Session, *, platform: str, workspace: str, user: str) -> PastQuestion | None:
-    """The question of the person's newest run in this workspace of this platform, or None when they have none."""
-    run = session.scalars(select(Run).join(Conversation).where(
-        Conversation.platform == platform, Run.workspace == workspace, Run.requested_by == user,
-    ).order_by(Run.id.desc()).limit(1)).first()
-    return None if run is None else PastQuestion(mode=run.mode, question=run.question)
 
 
 def suggested_prompts(last: PastQuestion | None) -> list[SuggestedPrompt]:

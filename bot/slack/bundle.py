@@ -17,9 +17,9 @@ from ops.metrics import record_rate_limit_wait
 
 if TYPE_CHECKING:
     from slack_sdk.web.async_client import AsyncWebClient
-    from sqlalchemy import Engine
 
     from chat.slack.installations import DatabaseInstallationStore
+    from storage.db import Engine
 
 NAME = "slack"
 TOKEN_SETTING = "SLACK_BOT_TOKEN"

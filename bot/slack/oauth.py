@@ -9,8 +9,6 @@ workspace's installation. Every request from Slack is then authorized with the b
 
 from __future__ import annotations
 
-import asyncio
-import datetime as dt
 import logging
 from dataclasses import dataclass
 from logging import Logger
@@ -21,14 +19,13 @@ from slack_bolt.authorization.async_authorize import AsyncInstallationStoreAutho
 from slack_bolt.oauth.async_oauth_flow import AsyncOAuthFlow
 from slack_bolt.oauth.async_oauth_settings import AsyncOAuthSettings
 from slack_sdk.oauth.state_store.async_state_store import AsyncOAuthStateStore
-from slack_sdk.oauth.state_store.sqlalchemy import SQLAlchemyOAuthStateStore
 from slack_sdk.web.async_client import AsyncWebClient
-from sqlalchemy import Engine
 
 from bot.slack.bundle import installation_store
 from chat.slack.installations import DatabaseInstallationStore
 from config import Settings
-from storage.installations import OAUTH_STATES_TABLE
+from storage.db import Engine
+from storage.installations import aconsume_oauth_state, aissue_oauth_state, oauth_state_store
 
 logger = logging.getLogger(__name__)
 
@@ -44,12 +41,11 @@ STATE_SECONDS = 600
 
 
 class DatabaseOAuthStateStore(AsyncOAuthStateStore):
-    """slack-bolt's async state store over slack-sdk's SQLAlchemy one on our table, one thread per call; issuing a
-    state also deletes the expired ones of installs never finished."""
+    """slack-bolt's async state store over slack-sdk's SQLAlchemy one on our table (storage.installations); issuing
+    a state also deletes the expired ones of installs never finished."""
 
     def __init__(self, engine: Engine, expiration_seconds: int = STATE_SECONDS) -> None:
-        self.store = SQLAlchemyOAuthStateStore(expiration_seconds=expiration_seconds, engine=engine, logger=logger,
-                                               table_name=OAUTH_STATES_TABLE)
+        self.store = oauth_state_store(engine, expiration_seconds, logger=logger)
 
     @property
     def logger(self) -> Logger:
@@ -57,18 +53,11 @@ class DatabaseOAuthStateStore(AsyncOAuthStateStore):
 
     async def async_issue(self, *args: Any, **kwargs: Any) -> str:
         """A new state, stored until it expires or is consumed."""
-        return await asyncio.to_thread(self._issue)
+        return await aissue_oauth_state(self.store)
 
     async def async_consume(self, state: str) -> bool:
         """Whether `state` was issued and has not expired; it cannot be used again either way."""
-        return await asyncio.to_thread(self.store.consume, state)
-
-    def _issue(self) -> str:
-        states = self.store.oauth_states
-        now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)  # slack-sdk stores naive UTC
-        with self.store.engine.begin() as connection:
-            connection.execute(states.delete().where(states.c.expire_at < now))
-        return self.store.issue()
+        return await aconsume_oauth_state(self.store, state)
 
 
 @dataclass(frozen=True)

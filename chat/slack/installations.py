@@ -1,13 +1,12 @@
 """Slack workspaces installed through OAuth: their stored installations, and a Web API client per workspace.
 
-The installations live in our database (storage/installations.py) and are read and written by slack-sdk's
-`SQLAlchemyInstallationStore`; `DatabaseInstallationStore` offers it to slack-bolt (and to the worker) through the
-async interface, each call in a thread so the event loop never waits on the database.
+The installations live in our database and are read and written by slack-sdk's SQLAlchemy store, built and queried
+in storage/installations.py; `DatabaseInstallationStore` offers it to slack-bolt (and to the worker) through the
+async interface, each call off the event loop so that it never waits on the database.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -16,11 +15,19 @@ from logging import Logger
 from slack_sdk.oauth.installation_store.async_installation_store import AsyncInstallationStore
 from slack_sdk.oauth.installation_store.models.bot import Bot
 from slack_sdk.oauth.installation_store.models.installation import Installation
-from slack_sdk.oauth.installation_store.sqlalchemy import SQLAlchemyInstallationStore
 from slack_sdk.web.async_client import AsyncWebClient
-from sqlalchemy import Engine, desc, select
 
-from storage.installations import BOTS_TABLE, INSTALLATIONS_TABLE
+from storage.db import Engine
+from storage.installations import (
+    abot_of_workspace,
+    adelete_bot,
+    adelete_installation,
+    afind_bot,
+    afind_installation,
+    asave_bot,
+    asave_installation,
+    installation_store,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -29,11 +36,10 @@ TOKEN_CACHE_SECONDS = 60.0
 
 
 class DatabaseInstallationStore(AsyncInstallationStore):
-    """slack-bolt's async installation store over slack-sdk's SQLAlchemy store on our tables, one thread per call."""
+    """slack-bolt's async installation store over slack-sdk's SQLAlchemy store on our tables."""
 
     def __init__(self, engine: Engine, client_id: str) -> None:
-        self.store = SQLAlchemyInstallationStore(client_id=client_id, engine=engine, bots_table_name=BOTS_TABLE,
-                                                 installations_table_name=INSTALLATIONS_TABLE, logger=logger)
+        self.store = installation_store(engine, client_id, logger=logger)
 
     @property
     def logger(self) -> Logger:
@@ -41,47 +47,36 @@ class DatabaseInstallationStore(AsyncInstallationStore):
 
     async def async_save(self, installation: Installation) -> None:
         """Store an installation (and its bot)."""
-        await asyncio.to_thread(self.store.save, installation)
+        await asave_installation(self.store, installation)
 
     async def async_save_bot(self, bot: Bot) -> None:
         """Store a bot installation."""
-        await asyncio.to_thread(self.store.save_bot, bot)
+        await asave_bot(self.store, bot)
 
     async def async_find_bot(self, *, enterprise_id: str | None, team_id: str | None,
                              is_enterprise_install: bool | None = False) -> Bot | None:
         """The latest bot installed in the workspace, or None."""
-        return await asyncio.to_thread(self.store.find_bot, enterprise_id=enterprise_id, team_id=team_id,
-                                       is_enterprise_install=is_enterprise_install)
+        return await afind_bot(self.store, enterprise_id=enterprise_id, team_id=team_id,
+                               is_enterprise_install=is_enterprise_install)
 
     async def async_find_installation(self, *, enterprise_id: str | None, team_id: str | None, user_id: str | None = None,
                                       is_enterprise_install: bool | None = False) -> Installation | None:
         """The latest installation in the workspace (by `user_id`, if given), or None."""
-        return await asyncio.to_thread(self.store.find_installation, enterprise_id=enterprise_id, team_id=team_id,
-                                       user_id=user_id, is_enterprise_install=is_enterprise_install)
+        return await afind_installation(self.store, enterprise_id=enterprise_id, team_id=team_id, user_id=user_id,
+                                        is_enterprise_install=is_enterprise_install)
 
     async def bot_of_workspace(self, team_id: str) -> Bot | None:
         """The latest bot installed in workspace `team_id`, whatever Enterprise Grid org it belongs to, or None."""
-        return await asyncio.to_thread(self._bot_of_workspace, team_id)
-
-    def _bot_of_workspace(self, team_id: str) -> Bot | None:
-        # slack-sdk's find_bot needs the enterprise id too, which a stored conversation does not keep.
-        bots = self.store.bots.c
-        query = (select(self.store.bots)
-                 .where(bots.client_id == self.store.client_id, bots.team_id == team_id, bots.bot_token.is_not(None))
-                 .order_by(desc(bots.installed_at)).limit(1))
-        with self.store.engine.connect() as connection:
-            row = connection.execute(query).mappings().first()
-        return None if row is None else SQLAlchemyInstallationStore.build_bot_entity(row)
+        return await abot_of_workspace(self.store, team_id)
 
     async def async_delete_bot(self, *, enterprise_id: str | None, team_id: str | None) -> None:
         """Forget the workspace's bots."""
-        await asyncio.to_thread(self.store.delete_bot, enterprise_id=enterprise_id, team_id=team_id)
+        await adelete_bot(self.store, enterprise_id=enterprise_id, team_id=team_id)
 
     async def async_delete_installation(self, *, enterprise_id: str | None, team_id: str | None,
                                         user_id: str | None = None) -> None:
         """Forget the workspace's installations (by `user_id`, if given)."""
-        await asyncio.to_thread(self.store.delete_installation, enterprise_id=enterprise_id, team_id=team_id,
-                                user_id=user_id)
+        await adelete_installation(self.store, enterprise_id=enterprise_id, team_id=team_id, user_id=user_id)
 
 
 class InstalledWorkspaceClients:

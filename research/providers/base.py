@@ -14,6 +14,7 @@ from typing import Any, Literal, Protocol
 import httpx
 from pydantic import BaseModel, Field, field_validator
 
+from research.errors import DeepthreadError
 from research.models import PROVIDER_ORDER, ProviderName, SearchQuery, SearchResult
 
 DEFAULT_TAVILY_BASE_URL = "https://api.tavily.com"
@@ -36,7 +37,7 @@ _REASONS: dict[ProviderErrorKind, str] = {
 }
 
 
-class SearchProviderError(Exception):
+class SearchProviderError(DeepthreadError):
     """A provider call failed; `kind` says how, `retry_after` (seconds) is the provider's own hint."""
 
     def __init__(

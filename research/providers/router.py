@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from pydantic import BaseModel, Field
 
+from research.errors import DeepthreadError
 from research.events import Emit, ProviderCall, ProviderError, ProviderResult
 from research.limits import CircuitBreaker, RateLimiter
 from research.models import ProviderName, SearchQuery, SearchResult
@@ -21,8 +22,12 @@ NOT_CONFIGURED = "not configured"
 CIRCUIT_OPEN = "circuit open"
 
 
-class NoSearchProviderError(Exception):
+class NoSearchProviderError(DeepthreadError):
     """No provider could answer: none is usable, or every one failed for every query."""
+
+    @property
+    def plain_reason(self) -> str:
+        return f"No search provider could answer. {self}".strip()
 
 
 class ProviderUsage(BaseModel):

@@ -28,6 +28,7 @@ from chat.state import RunProgress
 from research.report import Report
 from storage.db import make_engine, make_session_factory
 from storage.migrate import upgrade
+from storage.leases import ADMITTED, claim_undelivered
 from storage.models import Citation, Conversation, Run, Source
 from tests.fakes.corpus import QUESTION, Corpus, options
 from tests.fakes.llm import ChatRequest, HandlerResult, default_research_model, passages_in
@@ -43,9 +44,8 @@ from worker.delivery import (
     stored_progress,
     sweep_undelivered,
 )
-from worker.leases import claim_undelivered, reap
+from worker.leases import reap
 from worker.progress import InMemoryEditBucket
-from worker.queue import ADMITTED
 from worker.runner import RunnerServices, execute
 
 pytestmark = pytest.mark.integration

@@ -16,8 +16,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from storage.db import database_now, make_engine, make_session_factory
 from storage.migrate import upgrade
+from storage.leases import renew_lease, take_lease
 from storage.models import Conversation, Run
-from worker.leases import reap, renew_lease, take_lease
+from worker.leases import reap
 from worker.queue import Limits, Queue
 
 pytestmark = pytest.mark.integration

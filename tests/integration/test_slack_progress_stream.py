@@ -65,7 +65,7 @@ def test_research_progress_streams_as_tasks_then_the_report_follows(world: Slack
     assert not world.slack.edits(CHANNEL, stream.ts), "a stream that ended normally needs no edit"
     status = world.slack.message(CHANNEL, run.status_message["message_id"])
     assert "here is your report" not in status.visible_text and status.edits
-    entries = [entry["kind"] for entry in run.delivered_messages]
+    entries = [entry.kind for entry in run.delivered_messages]
     assert entries.count("progress") == 1 and entries.count("message") >= 1
 
 

@@ -55,7 +55,7 @@ def test_a_follow_up_streams_and_ends_as_the_audited_answer_in_the_same_message(
             if call.params["ts"] != research.status_message["message_id"]
             and call.params["ts"] != follow_up.status_message["message_id"]] == [stream.ts]
     delivered = world.cluster.run(follow_up.id).delivered_messages
-    assert delivered[0]["ref"]["message_id"] == stream.ts
+    assert delivered[0].ref["message_id"] == stream.ts
 
 
 def test_an_answer_whose_stream_expired_is_finished_with_an_edit_of_the_same_message(world: SlackWorld) -> None:

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
+from storage.leases import DELIVERY_GRACE_SECONDS
 from storage.models import Citation, Event, Passage, Run, Source
 from tests.fakes.corpus import QUESTION, Corpus
 from tests.fakes.llm import FakeReply
 from tests.fakes.slack_api import FakeSlack
 from tests.integration.workers import Cluster
-from worker.leases import DELIVERY_GRACE_SECONDS
 
 pytestmark = pytest.mark.integration
 

@@ -24,6 +24,7 @@ from storage.db import make_engine, make_session_factory
 from storage.migrate import upgrade
 from storage.models import Conversation, Run
 from storage.redis import connect
+from storage.vocabulary import RunOptions
 from tests.fakes.corpus import Corpus
 from tests.fakes.slack_api import FakeSlack
 from tests.waiting import wait_for
@@ -89,7 +90,7 @@ class Cluster:
                      self._send_task)
 
     def start_run(self, question: str, *, user: str = "U1", workspace: str = "T1", channel: str = "C1",
-                  mode: str = "research", options: dict[str, Any] | None = None) -> tuple[int, int | None]:
+                  mode: str = "research", options: RunOptions | None = None) -> tuple[int, int | None]:
         """What the bot does for `/research`: a root message, a status message in its thread, a Run, submit."""
         assert self.slack is not None, "start_run speaks Slack: give the cluster a FakeSlack"
         messenger = SlackMessenger(build_slack_client(self.slack.token, self.slack.api_url))
@@ -108,7 +109,8 @@ class Cluster:
             conversation = Conversation(platform="slack", workspace=workspace, channel=channel, thread=root.message_id,
                                         created_by=f"slack:{user}")
             run = Run(conversation=conversation, workspace=workspace, mode=mode, question=question,
-                      options=options or {}, requested_by=f"slack:{user}", status_message=status.model_dump(mode="json"))
+                      options=options or RunOptions(), requested_by=f"slack:{user}",
+                      status_message=status.model_dump(mode="json"))
             session.add(run)
             session.flush()
             run_id = run.id

@@ -21,6 +21,7 @@ from research.providers import SearchConfig
 from storage.db import make_engine, make_session_factory
 from storage.models import Base, Citation, Conversation, Passage, Run, Source
 from storage.runs import export_run
+from storage.vocabulary import RunOptions
 from tests.fakes.llm import ChatRequest, FakeLLM, HandlerResult, default_research_model
 from tests.fakes.resolver import DictResolver
 from worker.queue import ADMITTED
@@ -51,7 +52,7 @@ def follow_up_on_a_finished_run(sessions: sessionmaker[Session]) -> int:
         session.add(earlier)
         session.flush()
         follow_up = Run(conversation=conversation, workspace="T1", mode="followup", question="Why do tides happen?",
-                        requested_by="slack:U1", options={"answer_from_run": earlier.id}, celery_task_id="task-2",
+                        requested_by="slack:U1", options=RunOptions(answer_from_run=earlier.id), celery_task_id="task-2",
                         lease_owner=ADMITTED, lease_until=dt.datetime.now(dt.timezone.utc) + dt.timedelta(minutes=5))
         session.add(follow_up)
         session.flush()

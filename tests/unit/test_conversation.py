@@ -11,6 +11,7 @@ from bot.conversation.commands import MAX_QUESTION_CHARS, UsageProblem, parse_re
 from bot.conversation.events import ChatEvent, HistoryMessage
 from research.report import Report, ReportSource
 from storage.models import Message, Run
+from storage.vocabulary import RunOptions
 from tests.unit.conversation_world import ADMIN, ALICE, BOB, World, research
 
 
@@ -25,7 +26,7 @@ def test_research_command_posts_a_root_and_a_status_message_then_submits_the_run
     outcome = research(world, "Why is the sea salty? --since 2024-01-31 --site noaa.gov --site nasa.gov --deep")
     run = world.run(outcome.run_id)
     assert (run.mode, run.question, run.requested_by) == ("research", "Why is the sea salty?", ALICE)
-    assert run.options == {"since": "2024-01-31", "sites": ["noaa.gov", "nasa.gov"], "preset": "deep"}
+    assert run.options == RunOptions(since="2024-01-31", sites=["noaa.gov", "nasa.gov"], preset="deep")
     root, status = world.messenger.posts
     assert root[0].thread is None and "Why is the sea salty?" in root[1].text
     assert status[0].thread == root[2].message_id == outcome.thread
@@ -139,7 +140,7 @@ def test_a_question_after_a_report_is_answered_from_that_runs_passages(world: Wo
     run_id, thread = finished_research(world)
     outcome = world.handle(kind="message", text="What about the Dead Sea?", thread=thread, message_id="x1")
     run = world.run(outcome.run_id)
-    assert run.mode == "followup" and run.options == {"answer_from_run": run_id}
+    assert run.mode == "followup" and run.options == RunOptions(answer_from_run=run_id)
     assert world.sent[-1] == ("deepthread.chat", run.id)
 
 
@@ -189,7 +190,7 @@ def test_retry_after_a_failed_run_asks_the_same_question_again(world: World) -> 
     world.finish(outcome.run_id, state="failed", error="No search provider could answer.")
     retry = world.handle(kind="action", action="retry", action_run_id=outcome.run_id, thread=outcome.thread)
     run = world.run(retry.run_id)
-    assert (run.question, run.options) == ("Why is the sea salty?", {"preset": "quick"})
+    assert (run.question, run.options) == ("Why is the sea salty?", RunOptions(preset="quick"))
 
 
 def test_continue_after_a_partial_run_starts_more_research_in_the_thread(world: World) -> None:
@@ -271,7 +272,7 @@ def test_an_approved_plan_keeps_the_requester_s_options(world: World) -> None:
     plan = {"query": "q", "key_questions": ["A?"], "search_strategy": [{"query": "a"}], "deliverable": "d"}
     world.finish(outcome.run_id, report=Report(title="plan", mode="plan", body_markdown="…", plan=plan))
     research_run = world.run(world.handle(kind="message", text="go", thread=outcome.thread, message_id="y1").run_id)
-    assert research_run.options == {"sites": ["noaa.gov"], "since": "2024-01-01"}
+    assert research_run.options == RunOptions(sites=["noaa.gov"], since="2024-01-01")
 
 
 def test_only_the_requester_or_an_admin_may_approve_a_plan_by_reply(world: World) -> None:

@@ -11,6 +11,7 @@ from chat.message import Content, FileUpload, MessageRef, MessengerError, Place
 from chat.slack.render import SlackRenderer, blocks_of
 from chat.state import RunProgress, initial_progress
 from research.report import Report
+from storage.leases import claim_undelivered
 from storage.models import Conversation, Run
 from tests.fakes.messenger import RecordingMessenger
 from chat.platform import Outbound
@@ -22,7 +23,6 @@ from worker.delivery import (
     show_queue_positions,
     sweep_undelivered,
 )
-from worker.leases import claim_undelivered
 from worker.progress import InMemoryEditBucket
 
 REPORT_GREETING = "here is your report"

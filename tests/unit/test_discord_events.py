@@ -8,6 +8,7 @@ from bot.conversation.commands import parse_request
 from bot.discord.bundle import INVITE_PERMISSIONS, invite_url
 from bot.discord.events import Where, button_event, command_event, command_text, message_event, reaction_event
 from chat.discord.messenger import DIRECT_MESSAGES
+from storage.vocabulary import RunOptions
 
 BOT = 900000000000000001
 USER = 123456789012345678
@@ -23,7 +24,7 @@ def test_command_options_become_the_words_the_core_parses() -> None:
     text = command_text("tidal power output", since="2024-01-31", site="a.example b.example", depth="deep")
     request = parse_request(text, "research")
     assert request.question == "tidal power output"
-    assert request.options == {"since": "2024-01-31", "sites": ["a.example", "b.example"], "preset": "deep"}
+    assert request.options == RunOptions(since="2024-01-31", sites=["a.example", "b.example"], preset="deep")
 
 
 def test_a_command_event_is_qualified_and_carries_its_thread() -> None:

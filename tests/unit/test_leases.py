@@ -6,16 +6,9 @@ import datetime as dt
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from storage.leases import ADMITTED, MAX_ATTEMPTS, claim_undelivered, fail_unstartable, renew_lease, take_lease
 from storage.models import Conversation, Run
-from worker.leases import (
-    MAX_ATTEMPTS,
-    claim_undelivered,
-    fail_unstartable,
-    reap,
-    renew_lease,
-    take_lease,
-)
-from worker.queue import ADMITTED
+from worker.leases import reap
 
 NOW = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.timezone.utc)
 

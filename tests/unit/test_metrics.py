@@ -24,6 +24,7 @@ from research.llm import LLMClient
 from research.models import FetchResult
 from research.providers import SearchConfig
 from storage.models import Conversation, Run
+from storage.vocabulary import RunOptions
 from tests.fakes.clock import FakeClock
 from tests.fakes.discord_memory import InMemoryDiscord, channel_place
 from tests.fakes.llm import FakeLLM, default_research_model
@@ -165,7 +166,7 @@ def test_a_run_executed_by_the_runner_is_counted_with_its_model_calls_by_step(
         conversation = Conversation(platform="cli", workspace="local", channel="terminal", thread="t1",
                                     created_by="cli:me")
         run = Run(conversation=conversation, workspace="local", mode="chat", question="What makes tides?",
-                  options={}, requested_by="cli:me")
+                  options=RunOptions(), requested_by="cli:me")
         session.add(run)
         session.flush()
         run_id = run.id

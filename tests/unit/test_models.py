@@ -8,6 +8,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from storage.models import Citation, Conversation, Event, Message, Passage, Run, Source
+from storage.vocabulary import RunOptions
 
 
 def make_run(session: Session) -> Run:
@@ -38,7 +39,7 @@ def test_run_defaults_are_queued_attempt_zero_and_not_partial(session_factory: s
     with session_factory() as session:
         run = make_run(session)
         session.commit()
-        assert (run.state, run.attempt, run.partial, run.options) == ("queued", 0, False, {})
+        assert (run.state, run.attempt, run.partial, run.options) == ("queued", 0, False, RunOptions())
         assert run.created_at.tzinfo is not None
 
 

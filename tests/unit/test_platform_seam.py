@@ -78,6 +78,19 @@ def test_the_bot_imports_only_the_queue_of_the_worker() -> None:
     assert {path: modules for path, modules in offenders.items() if modules} == {}
 
 
+def names_sqlalchemy(module: str) -> bool:
+    """SQLAlchemy itself, or a module built on it that says so in its name (slack-sdk's SQLAlchemy stores)."""
+    return "sqlalchemy" in module.split(".")
+
+
+def test_only_storage_imports_sqlalchemy() -> None:
+    # Storage owns every query, so the worker, the bot and the chat layer reach the database only through it.
+    offenders = {str(path.relative_to(ROOT)): sorted(module for module in imported_modules(path)
+                                                     if names_sqlalchemy(module))
+                 for path in python_files("worker", "bot", "chat")}
+    assert {path: modules for path, modules in offenders.items() if modules} == {}
+
+
 def test_the_chat_layer_imports_nothing_from_ops() -> None:
     offenders = {str(path.relative_to(ROOT)): sorted(module for module in imported_modules(path)
                                                      if names_package(module, "ops"))

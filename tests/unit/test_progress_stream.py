@@ -19,6 +19,7 @@ from research.events import PhaseDone, PhaseStarted, PlanReady, ReadPage, Source
 from research.report import Report
 from storage.db import make_engine, make_session_factory
 from storage.models import Base, Conversation, Run
+from storage.vocabulary import DeliveredMessage
 from tests.fakes.messenger import RecordingMessenger
 from worker.delivery import DeliveryTarget, RunDelivery
 from tests.fakes.clock import FakeClock
@@ -137,10 +138,10 @@ def final(progress: RunProgress) -> RunProgress:
     return progress.model_copy(update={"state": "done"})
 
 
-def recorded_progress_entry(sessions: sessionmaker[Session], run_id: int) -> dict:
+def recorded_progress_entry(sessions: sessionmaker[Session], run_id: int) -> DeliveredMessage:
     with sessions() as session:
         delivered = session.get(Run, run_id).delivered_messages
-    return next(entry for entry in delivered if entry["kind"] == "progress")
+    return next(entry for entry in delivered if entry.kind == "progress")
 
 
 def test_tasks_stream_while_the_status_message_follows_phase_changes_only(session_factory) -> None:
@@ -170,9 +171,9 @@ def test_tasks_stream_while_the_status_message_follows_phase_changes_only(sessio
     assert messenger.status_edits() == 7
     read_task = messenger.task_calls[7][1][-1]
     assert read_task.id == "read" and [source.url for source in read_task.sources] == ["https://optics.example/rayleigh"]
-    assert recorded_progress_entry(session_factory, run_id) == {
-        "kind": "progress", "final": True, "ref": {"platform": "slack", "workspace": "T1", "channel": "C1",
-                                                   "message_id": STREAM_TS, "thread": "100.0"}}
+    assert recorded_progress_entry(session_factory, run_id) == DeliveredMessage(
+        kind="progress", final=True, ref={"platform": "slack", "workspace": "T1", "channel": "C1",
+                                          "message_id": STREAM_TS, "thread": "100.0"})
     report_posts = [content for _, content, _ in messenger.posts if "here is your report" in content.text]
     assert len(report_posts) == 1
 
@@ -224,7 +225,7 @@ def test_an_expired_stream_hands_progress_back_to_the_status_message_and_is_fini
         "decompose": "complete", "sub-question-1": "complete", "sub-question-2": "complete", "search": "complete",
         "fetch": "complete", "read": "complete"}
     assert [source.text for source in final_tasks.tasks[-1].sources] == ["Rayleigh scattering"], "nothing lost"
-    assert recorded_progress_entry(session_factory, run_id)["final"] is True
+    assert recorded_progress_entry(session_factory, run_id).final is True
     assert len([content for _, content, _ in messenger.posts if "here is your report" in content.text]) == 1
 
     # The resume sweep delivering again neither edits the progress message nor posts the report twice.
@@ -262,7 +263,7 @@ def test_a_later_attempt_finishes_the_earlier_attempt_s_progress_message_instead
 
     asyncio.run(second_attempt())
     assert second.kinds() == ["edit"], "the one progress message is finished by an edit, no second stream"
-    assert recorded_progress_entry(session_factory, run_id)["final"] is True
+    assert recorded_progress_entry(session_factory, run_id).final is True
 
 
 def test_a_workspace_that_does_not_stream_tasks_gets_no_progress_stream(session_factory) -> None:

@@ -56,8 +56,7 @@ class World:
         return outcome.run_id
 
     def history(self, *, channel: str, user: str = ALICE, workspace: str = "T1") -> RunHistory:
-        with self.sessions() as session:
-            return run_history(session, platform="slack", workspace=workspace, channel=channel, user=user)
+        return run_history(self.sessions, platform="slack", workspace=workspace, channel=channel, user=user)
 
     def thread_of(self, run_id: int) -> str:
         with self.sessions() as session:

@@ -15,7 +15,6 @@ import yaml
 from slack_bolt.async_app import AsyncApp
 
 from bot.conversation.events import ChatEvent, Outcome, Reply
-from chat.message import Content
 from chat.render import ReportDelivery
 from chat.slack.render import (
     BLOCKS_PER_MESSAGE,

@@ -16,6 +16,7 @@ from research.report import Report, render_html, render_markdown
 from storage.models import Conversation, Message, Run
 from storage.runs import RUNS_HEADER, recent_runs
 from storage.shared_limits import beat
+from storage.vocabulary import RunOptions
 from tests.fakes.clock import FakeClock
 from tests.unit.terminal_harness import SLACK_CHANNEL, Terminal, a_report, finishing_after
 
@@ -179,7 +180,7 @@ async def test_research_plan_and_ask_commands_still_reach_the_core(terminal: Ter
         runs = list(session.scalars(select(Run).order_by(Run.id)))
     assert [(run.mode, run.question) for run in runs] == [
         ("research", "Why is the sea salty?"), ("plan", "Tidal power"), ("chat", "What is a tide?")]
-    assert runs[0].options == {"sites": ["noaa.gov"], "preset": "deep"}
+    assert runs[0].options == RunOptions(sites=["noaa.gov"], preset="deep")
     assert f"Run {runs[0].id} · research" in screen and f"Run {runs[1].id} · plan" in screen
     assert "Unknown command" not in screen
 

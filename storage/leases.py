@@ -1,0 +1,168 @@
+"""Leases: who is running a run right now, judged by the database's clock, and taking over runs whose worker died.
+
+A run's `lease_owner` names the worker thread running it, or one of the markers below while no worker does yet
+(admitted, sent again by the reaper) or while a finished run's delivery is being resumed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Collection
+from typing import NamedTuple
+
+from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy.orm import Session
+
+from storage.db import Sessions, database_now, off_loop
+from storage.models import Conversation, Run
+from storage.vocabulary import ACTIVE_STATES, TERMINAL_STATES, RunMode
+
+ADMITTED = "admitted"
+RESUBMITTED = "resubmitted"
+DELIVERING = "delivering"
+# An admitted run whose task has not started within this time is sent again by the reaper.
+START_GRACE_SECONDS = 120
+MAX_ATTEMPTS = 3
+# A finished run whose report is still undelivered this long after it ended lost its worker mid-delivery.
+DELIVERY_GRACE_SECONDS = 300
+ORPHANED = "The process running this stopped before it finished (a `deepthread research` that was killed)."
+
+
+class RunTask(NamedTuple):
+    """A run to hand to the workers, and the id of the task that carries it."""
+
+    run_id: int
+    mode: RunMode
+    task_id: str
+
+
+def take_lease(sessions: Sessions, run_id: int, owner: str, lease_seconds: float,
+               now: dt.datetime | None = None) -> int | None:
+    """Start a new attempt of the run if nobody holds a live lease on it; returns the attempt number."""
+    with sessions.begin() as session:  # one short write on a busy database
+        now = now or database_now(session)
+        attempt: int | None = session.execute(
+            update(Run)
+            .where(Run.id == run_id, Run.state.in_(ACTIVE_STATES),
+                   or_(Run.lease_until.is_(None), Run.lease_until < now, Run.lease_owner.in_((ADMITTED, RESUBMITTED))))
+            .values(state="running", attempt=Run.attempt + 1, lease_owner=owner,
+                    lease_until=now + dt.timedelta(seconds=lease_seconds),
+                    started_at=func.coalesce(Run.started_at, now))
+            .returning(Run.attempt)
+            .execution_options(synchronize_session=False)
+        ).scalar_one_or_none()
+        return attempt
+
+
+def renew_lease(sessions: Sessions, run_id: int, attempt: int, owner: str, lease_seconds: float) -> bool:
+    """Extend our lease; False when the run has passed to another attempt, been reaped, or ended."""
+    with sessions.begin() as session:
+        return bool(session.execute(
+            update(Run).where(Run.id == run_id, Run.attempt == attempt, Run.lease_owner == owner, Run.state == "running")
+            .values(lease_until=database_now(session) + dt.timedelta(seconds=lease_seconds))
+        ).rowcount)
+
+
+def holds_attempt(session: Session, run_id: int, attempt: int, *, lock: bool = False) -> bool:
+    """Whether `attempt` is still the run's current one, inside the caller's session (every write, edit and post asks).
+
+    With `lock`, the row stays locked until the session commits (PostgreSQL), so a new attempt
+    cannot start between this check and the write that follows it.
+    """
+    query = select(Run.attempt).where(Run.id == run_id)
+    return session.scalar(query.with_for_update() if lock else query) == attempt
+
+
+def is_current_attempt(sessions: Sessions, run_id: int, attempt: int) -> bool:
+    """Whether `attempt` is still the run's current one (`holds_attempt` in a session of its own)."""
+    with sessions() as session:
+        return holds_attempt(session, run_id, attempt)
+
+
+def resubmit_expired(sessions: Sessions, now: dt.datetime | None = None) -> list[RunTask]:
+    """Claim for sending again the runs whose lease expired (a dead worker, a lost task), each under a new task id;
+    a run interrupted MAX_ATTEMPTS times is failed instead. Returns the runs to send."""
+    resubmitted: list[RunTask] = []
+    with sessions.begin() as session:
+        now = now or database_now(session)
+        expired = session.scalars(
+            select(Run).where(Run.state.in_(ACTIVE_STATES), Run.celery_task_id.is_not(None),
+                              and_(Run.lease_until.is_not(None), Run.lease_until < now))
+            .order_by(Run.id))
+        for run in expired:
+            if run.attempt >= MAX_ATTEMPTS:
+                run.state, run.finished_at = "failed", now
+                run.lease_owner, run.lease_until = None, None
+                run.error = f"The run was interrupted {run.attempt} times (its workers stopped) and was given up."
+                continue
+            task_id = uuid.uuid4().hex
+            claimed = session.execute(
+                update(Run).where(Run.id == run.id, Run.lease_until == run.lease_until)
+                .values(lease_owner=RESUBMITTED, lease_until=now + dt.timedelta(seconds=START_GRACE_SECONDS),
+                        celery_task_id=task_id)
+            ).rowcount
+            if claimed:
+                resubmitted.append(RunTask(run.id, run.mode, task_id))
+    return resubmitted
+
+
+def end_orphaned_runs(sessions: Sessions, now: dt.datetime | None = None) -> list[int]:
+    """End as failed the running runs no task can take over (started in a terminal, not by a worker) whose
+    process stopped renewing the lease; returns their ids."""
+    with sessions.begin() as session:
+        now = now or database_now(session)
+        orphaned = list(session.scalars(
+            select(Run.id).where(Run.state == "running", Run.celery_task_id.is_(None),
+                                 Run.lease_until.is_not(None), Run.lease_until < now)))
+        if orphaned:
+            session.execute(update(Run).where(Run.id.in_(orphaned), Run.lease_until < now)
+                            .values(state="failed", error=ORPHANED, finished_at=now, lease_owner=None, lease_until=None))
+    return orphaned
+
+
+def claim_undelivered(sessions: Sessions, platforms: Collection[str], lease_seconds: float,
+                      now: dt.datetime | None = None) -> list[int]:
+    """Finished runs on these platforms whose delivery is due, claimed for delivery by the caller.
+
+    Due: a retry whose time has come (an earlier attempt failed and said so), or a delivery that never
+    reported back (its worker died) well after the run ended; never one delivered or given up.
+    """
+    claimed: list[int] = []
+    with sessions.begin() as session:
+        now = now or database_now(session)
+        candidates = session.scalars(
+            select(Run).join(Conversation)
+            .where(Run.state.in_(TERMINAL_STATES), Run.delivered_at.is_(None),
+                   Run.delivery_given_up_at.is_(None),
+                   Run.status_message.is_not(None), Conversation.platform.in_(list(platforms)),
+                   or_(Run.delivery_retry_at <= now,
+                       and_(Run.delivery_retry_at.is_(None),
+                            Run.finished_at < now - dt.timedelta(seconds=DELIVERY_GRACE_SECONDS))),
+                   or_(Run.lease_until.is_(None), Run.lease_until < now))
+            .order_by(Run.id).limit(20))
+        for run in candidates:
+            if session.execute(
+                update(Run).where(Run.id == run.id, Run.delivered_at.is_(None),
+                                  or_(Run.lease_until.is_(None), Run.lease_until < now))
+                .values(lease_owner=DELIVERING, lease_until=now + dt.timedelta(seconds=lease_seconds))
+            ).rowcount:
+                claimed.append(run.id)
+    return claimed
+
+
+def fail_unstartable(sessions: Sessions, run_id: int, reason: str, now: dt.datetime | None = None) -> bool:
+    """End a run that no worker here can start (nobody holds a live lease on it) as failed, with the reason."""
+    with sessions.begin() as session:
+        now = now or database_now(session)
+        return bool(session.execute(
+            update(Run).where(Run.id == run_id, Run.state.in_(ACTIVE_STATES),
+                              or_(Run.lease_until.is_(None), Run.lease_until < now,
+                                  Run.lease_owner.in_((ADMITTED, RESUBMITTED))))
+            .values(state="failed", error=reason, finished_at=now, lease_owner=None, lease_until=None)
+        ).rowcount)
+
+
+arenew_lease = off_loop(renew_lease)
+ais_current_attempt = off_loop(is_current_attempt)
+aclaim_undelivered = off_loop(claim_undelivered)
