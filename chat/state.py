@@ -97,6 +97,13 @@ class RunProgress(BaseModel):
     sub_questions: list[str] = Field(default_factory=list)
     pages_read: list[PageRead] = Field(default_factory=list)
 
+    @classmethod
+    def for_run(cls, run: Run, **update: Any) -> RunProgress:
+        """A stored run's progress before any event (its mode's phases, its attempt and start), with `update` set
+        (a state, the last event seen, a queue position): the one way every status starts from a run row."""
+        return initial_progress(run_id=run.id, mode=run.mode, question=run.question, requested_by=run.requested_by,
+                                attempt=run.attempt, started_at=run.started_at).model_copy(update=update)
+
     @property
     def current_phase(self) -> str | None:
         return next((line.name for line in self.phases if line.status == "current"), None)
@@ -174,8 +181,7 @@ def apply_event(progress: RunProgress, event: Event) -> RunProgress:
 def progress_of_stored_run(run: Run, events: Iterable[StoredEvent], progress: RunProgress | None = None) -> RunProgress:
     """A stored run's progress: `progress` (or a fresh one) with the stored `events` after it folded in,
     and the run row's final state when it has ended."""
-    progress = progress or initial_progress(run_id=run.id, mode=run.mode, question=run.question,
-                                            requested_by=run.requested_by, attempt=run.attempt)
+    progress = progress or RunProgress.for_run(run)
     for row in events:
         if row.seq > progress.last_seq:
             progress = apply_event(progress, event_from_stored(type=row.type, phase=row.phase, payload=row.payload,

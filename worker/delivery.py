@@ -27,7 +27,7 @@ from config import setting_default
 from chat.message import AnswerStreaming, Messenger, MessageRef, MessengerError, Place
 from chat.platform import Outbound
 from chat.render import PlatformRenderer
-from chat.state import RunProgress, initial_progress, progress_of_stored_run
+from chat.state import RunProgress, progress_of_stored_run
 from chat.tasks import TaskStreaming
 from research.report import Report, audit_line
 from storage.db import Sessions
@@ -436,9 +436,7 @@ async def _still_waiting(sessions: Sessions,
     position_of = dict(waiting)
     still: list[tuple[int, str, str, RunProgress, MessageRef]] = []
     for run in await astill_waiting(sessions, list(position_of)):
-        progress = initial_progress(run_id=run.id, mode=run.mode, question=run.question,
-                                    requested_by=run.requested_by).model_copy(
-                                        update={"queue_position": position_of[run.id]})
+        progress = RunProgress.for_run(run, queue_position=position_of[run.id])
         still.append((run.id, run.conversation.platform, run.conversation.workspace, progress,
                       MessageRef.model_validate(run.status_message)))
     return sorted(still, key=lambda item: position_of[item[0]])

@@ -39,7 +39,7 @@ from storage.db import Sessions, is_transient_database_error
 from storage.leases import arenew_lease
 from storage.models import Message, Run, utcnow
 from storage.vocabulary import RunOptions, RunState
-from chat.state import RunProgress, apply_event, initial_progress
+from chat.state import RunProgress, apply_event
 from ops.log_context import describe_run, logged_as_run, set_run_phase
 from ops.metrics import Metrics, RunObserver
 from worker.leases import worker_identity
@@ -98,14 +98,13 @@ class RunRecorder:
 
     def __init__(self, sessions: Sessions, run: Run, on_state: OnState | None, *,
                  write_delay: float = EVENT_WRITE_DELAY_SECONDS, sleep: Sleep = asyncio.sleep,
-                 observer: RunObserver | None = None) -> None:
+                 observer: RunObserver | None = None, progress: RunProgress | None = None) -> None:
         self.sessions = sessions
         self.observer = observer
         self.run_id = run.id
         self.attempt = run.attempt
         self.on_state = on_state
-        self.progress = initial_progress(run_id=run.id, mode=run.mode, question=run.question, attempt=run.attempt,
-                                         requested_by=run.requested_by, state="running", started_at=run.started_at)
+        self.progress = progress or RunProgress.for_run(run, state="running")
         self.terminal: TerminalEvent | None = None
         self._write_delay = write_delay
         self._sleep = sleep
@@ -209,10 +208,7 @@ class StartedAttempt(NamedTuple):
 
     def first_progress(self) -> RunProgress:
         """What the run's status shows as the attempt starts, before any event."""
-        progress = initial_progress(run_id=self.run.id, mode=self.run.mode, question=self.run.question,
-                                    attempt=self.run.attempt, requested_by=self.run.requested_by, state="running",
-                                    started_at=self.run.started_at)
-        return progress.model_copy(update={"last_seq": self.first_seq - 1})
+        return RunProgress.for_run(self.run, state="running", last_seq=self.first_seq - 1)
 
 
 def _started(taken: AttemptStart | None) -> StartedAttempt | None:
@@ -349,8 +345,7 @@ async def _execute_started(started: StartedAttempt, owner: str, show_first: OnSt
     run, first_seq = started
     observer = services.metrics.run_started(mode=run.mode, created_at=run.created_at, started_at=run.started_at,
                                             first_attempt=run.attempt == 1) if services.metrics is not None else None
-    recorder = RunRecorder(services.sessions, run, on_state, observer=observer)
-    recorder.progress = started.first_progress()
+    recorder = RunRecorder(services.sessions, run, on_state, observer=observer, progress=started.first_progress())
     if show_first is not None:
         # The status message leaves "queued" as soon as a worker holds the run, before the engine starts.
         await show_first(recorder.progress)

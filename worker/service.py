@@ -144,6 +144,7 @@ class WorkerRuntime:
                                         cooldown=search.breaker_cooldown_seconds),
             llm_http=llm_http,
             search_http=httpx.AsyncClient(timeout=httpx.Timeout(20.0), trust_env=True, verify=self.ssl_context),
+            search=search,
         )
         tools.fetch_ssl_context = self.ssl_context
         cancel = CancelToken()

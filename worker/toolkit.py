@@ -72,11 +72,13 @@ def build_research_tools(
     llm_http: httpx.AsyncClient | None = None,
     search_http: httpx.AsyncClient | None = None,
     name_resolver: Resolver | None = None,
+    search: SearchConfig | None = None,
 ) -> ResearchTools:
-    """Everything the engine needs, from the settings; tests pass their own clients and resolver."""
+    """Everything the engine needs, from the settings; tests pass their own clients and resolver, and a caller that
+    has read the search settings already (for the shared limiter) passes them."""
     return ResearchTools(
         llm=LLMClient(llm_config(settings), http_client=llm_http),
-        search_config=search_config(settings),
+        search_config=search or search_config(settings),
         search_http=search_http or httpx.AsyncClient(timeout=httpx.Timeout(20.0), trust_env=True),
         resolver=name_resolver or resolver(settings),
         fetch_config=FetchConfig(allow_private=parse_allow_list(",".join(settings.fetch_allow_private_hosts)),

@@ -32,7 +32,7 @@ from chat.message import MessageRef, Place
 from chat.console.messenger import ConsoleMessenger, print_unbroken, renderable_for
 from chat.console.render import ConsoleRenderer
 from chat.history import mode_name
-from chat.state import RunProgress, initial_progress, progress_of_stored_run
+from chat.state import RunProgress, progress_of_stored_run
 from research.report import Report
 from storage.answer_drafts import AnswerDraftReader
 from storage.conversations import ThreadKey, aload_run, athread_view
@@ -294,8 +294,7 @@ class TerminalChat:
             if run is None:
                 raise LookupError(f"no run {run_id}")
             status = MessageRef.model_validate(run.status_message)
-            progress = initial_progress(run_id=run.id, mode=run.mode, question=run.question,
-                                        requested_by=run.requested_by)
+            progress = RunProgress.for_run(run)
             print_unbroken(self.console, Text(f"Run {run_id} · {mode_name(progress.mode)}", style="dim"))
             while True:
                 progress, run = await self._progress(run_id, progress)

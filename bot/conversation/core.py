@@ -36,7 +36,7 @@ from bot.conversation.rules import (
 from bot.conversation.suggestions import PastQuestion, suggested_prompts
 from chat.message import Content, FileUpload, MessageRef, Messenger, Place
 from chat.render import PlatformRenderer
-from chat.state import initial_progress
+from chat.state import RunProgress, initial_progress
 from research.report import EXPORTERS, ExportFormat, Report
 from storage.conversations import (
     NewRun,
@@ -178,9 +178,7 @@ class ConversationCore:
         state = await asyncio.to_thread(self.queue.cancel, run.id, event.user)
         if state == "cancelled" and run.status_message:
             # A queued run never reaches a worker, so its status message is ended here.
-            stopped = initial_progress(run_id=run.id, mode=run.mode, question=run.question,
-                                       requested_by=run.requested_by).model_copy(
-                update={"state": "cancelled", "cancelled_by": event.user})
+            stopped = RunProgress.for_run(run, state="cancelled", cancelled_by=event.user)
             await self.messenger.edit(MessageRef.model_validate(run.status_message),
                                       self.renderer.status(stopped, now=_now()))
         return Outcome(cancelled_run_id=run.id)
