@@ -137,7 +137,9 @@ def _run_in_terminal(mode: RunMode, question: str, options: dict, output_format:
     from research.cpu import cpu_pool
     from storage.runs import export_run
     from worker.headless import create_run
-    from worker.runner import RunnerServices, execute
+    from ops.log_context import run_log_context
+    from worker.attempt import RunAttempt
+    from worker.runner import RunnerServices
     from worker.toolkit import build_research_tools, research_options
 
     try:
@@ -156,10 +158,14 @@ def _run_in_terminal(mode: RunMode, question: str, options: dict, output_format:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGINT, cancel.cancel, "you (Ctrl-C)")
         services = RunnerServices(sessions=sessions, tools=tools, options=research_options(settings))
-        with Live(console=console, refresh_per_second=8, transient=False) as live:
+        with run_log_context(run_id), Live(console=console, refresh_per_second=8, transient=False) as live:
+            attempt = await RunAttempt.start(run_id, services)
+            if attempt is None:  # a run created a moment ago by this command: no one else can hold it
+                raise RuntimeError(f"run {run_id} could not be started")
+
             async def on_state(progress) -> None:
                 live.update(render_progress(progress))
-            final = await execute(run_id, on_state, services=services, cancel=cancel)
+            final = await attempt.execute(on_state=on_state, cancel=cancel)
             live.update(render_progress(final))
         if not console.is_terminal:
             console.line()  # the last panel drawn on a pipe or file ends without a line break

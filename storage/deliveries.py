@@ -68,18 +68,18 @@ def record_streamed_answer(sessions: Sessions, run_id: int, attempt: int, ref: d
     return record_delivered(sessions, run_id, attempt, [streamed])
 
 
-def report_for_delivery(sessions: Sessions, run_id: int,
-                        attempt: int) -> tuple[dict[str, Any] | None, list[DeliveredMessage]]:
-    """The run's report (as JSON) and the messages delivered so far, the intent to deliver recorded first; no report
-    when a newer attempt owns the run or it has none."""
+def report_for_delivery(sessions: Sessions, run_id: int, attempt: int, *,
+                        read_report: bool = True) -> tuple[dict[str, Any] | None, list[DeliveredMessage]] | None:
+    """The run's report (as JSON, unless `read_report` is false: the caller has it) and the messages delivered so
+    far, the intent to deliver recorded first; None when a newer attempt owns the run or it has no report."""
     with sessions.begin() as session:
         if not holds_attempt(session, run_id, attempt):
-            return None, []
+            return None
         run = session.get(Run, run_id)
         if run is None or run.report_json is None:
-            return None, []
+            return None
         run.delivery_intent_at = run.delivery_intent_at or utcnow()
-        return run.report_json, list(run.delivered_messages or [])
+        return (run.report_json if read_report else None), list(run.delivered_messages or [])
 
 
 def has_report(sessions: Sessions, run_id: int, attempt: int) -> bool:

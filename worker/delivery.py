@@ -257,27 +257,29 @@ class RunDelivery:
                 raise
             logger.warning("final progress of run %s refused (%s)", self.run_id, reason_of(error))
 
-    async def finish(self, progress: RunProgress) -> DeliveryOutcome:
+    async def finish(self, progress: RunProgress, *, report: Report | None = None) -> DeliveryOutcome:
         """The report (if the run has one), then the final status edit, each exactly once; never raises.
 
         The report goes first: posting is not drawn from the workspace's edit budget, so a busy
         workspace delays only the status message, never the answer. The run is marked delivered only
         once both went out; a failure is counted and retried later by the sweep (see the module).
+        `report` is the run's stored report as its attempt has it in memory (not read back); the
+        sweep's retries read it from the run's row.
         """
         try:
             await self.close_answer_stream()
             await self._final_progress_message(progress)
-            await self._report_or_notice(progress.attempt)
+            await self._report_or_notice(progress.attempt, report)
             await self._final_status(progress)
         except Exception as error:
             return await self._after_failed_attempt(progress, error)
         await amark_delivered(self.sessions, self.run_id, progress.attempt)
         return DeliveryOutcome.DELIVERED
 
-    async def _report_or_notice(self, attempt: int) -> None:
+    async def _report_or_notice(self, attempt: int, report: Report | None) -> None:
         """Put the report in the thread, or, when the platform refuses it for good, a notice saying so; raises otherwise."""
         try:
-            await self.deliver_report(attempt)
+            await self.deliver_report(attempt, report)
         except Exception as error:
             if not is_lasting_refusal(error):
                 raise
@@ -342,12 +344,14 @@ class RunDelivery:
             except Exception as error:
                 logger.warning("last status edit of run %s failed (%s)", self.run_id, reason_of(error))
 
-    async def deliver_report(self, attempt: int) -> None:
-        """Post the stored report into the thread; a retry edits what an earlier try posted."""
-        report_json, delivered = await areport_for_delivery(self.sessions, self.run_id, attempt)
-        if report_json is None:
+    async def deliver_report(self, attempt: int, report: Report | None = None) -> None:
+        """Post the run's report into the thread (`report`, or the stored one read back); a retry edits what an
+        earlier try posted."""
+        stored = await areport_for_delivery(self.sessions, self.run_id, attempt, read_report=report is None)
+        if stored is None:
             return
-        report = Report.model_validate(report_json)
+        report_json, delivered = stored
+        report = report or Report.model_validate(report_json)
         delivery = self.renderer.report(report, requester=self.requester, run_id=self.run_id)
         posted = [entry for entry in delivered if entry.kind == "message"]
         for index, content in enumerate(delivery.messages):

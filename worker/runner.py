@@ -1,25 +1,24 @@
-"""Execute one stored run: the engine entry point for its mode, every event and finding recorded."""
+"""The parts of executing a stored run: its services and options, its recorder (every event stored and folded into
+progress), the lease taken as a new attempt, and its findings and outcome as storage keeps them. `worker.attempt`
+puts them together."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 import datetime as dt
-import functools
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from research import engine
-from research.budget import CancelToken, ResearchOptions
+from research.budget import ResearchOptions
 from research.events import Aborted, Complete, Error, Event, PhaseStarted, TerminalEvent
-from research.llm import OnText
 from research.models import Passage as FoundPassage
 from research.models import SearchResult
-from research.report import Report, audit_line, render_markdown
-from research.thread_context import THREAD_SHARE_OF_WINDOW, Turn, fit_thread_context
+from research.report import Report, render_markdown
+from research.thread_context import Turn
 from storage.attempts import (
     AttemptOutcome,
     AttemptStart,
@@ -28,21 +27,15 @@ from storage.attempts import (
     PassageFinding,
     SourceFinding,
     StoredPassage,
-    afinish_attempt,
-    amark_failed,
-    arun_inputs,
-    astart_attempt,
     write_events,
 )
 from storage.attempts import start_attempt as take_attempt
-from storage.db import Sessions, is_transient_database_error
-from storage.leases import arenew_lease
-from storage.models import Message, Run, utcnow
+from storage.db import Sessions
+from storage.models import Message, Run
 from storage.vocabulary import RunOptions, RunState
 from chat.state import RunProgress, apply_event
-from ops.log_context import describe_run, logged_as_run, set_run_phase
+from ops.log_context import describe_run, set_run_phase
 from ops.metrics import Metrics, RunObserver
-from worker.leases import worker_identity
 
 logger = logging.getLogger(__name__)
 
@@ -211,7 +204,7 @@ class StartedAttempt(NamedTuple):
         return RunProgress.for_run(self.run, state="running", last_seq=self.first_seq - 1)
 
 
-def _started(taken: AttemptStart | None) -> StartedAttempt | None:
+def as_started(taken: AttemptStart | None) -> StartedAttempt | None:
     """The attempt storage has just started, its run named on the log lines from now on."""
     if taken is None:
         return None
@@ -226,7 +219,7 @@ def start_attempt(sessions: Sessions, run_id: int, owner: str, lease_seconds: fl
     Returns None when the run has ended or another attempt holds a live lease. Raises LookupError
     when the run does not exist.
     """
-    return _started(take_attempt(sessions, run_id, owner, lease_seconds))
+    return as_started(take_attempt(sessions, run_id, owner, lease_seconds))
 
 
 def _findings(state: engine.ResearchState) -> Findings:
@@ -257,176 +250,3 @@ def _outcome(final_state: RunState, state: engine.ResearchState, report: Report 
         report_columns = {"partial": True, "partial_reason": state.partial_reason}
     return AttemptOutcome(state=final_state, error=error, cancelled_by=cancelled_by,
                           phase_timings=dict(state.phase_seconds), reply_text=reply_text, **report_columns)
-
-
-async def _store_outcome(services: RunnerServices, recorder: RunRecorder, store: Callable[[], Awaitable[bool]]) -> bool:
-    """Write the last events and the run's outcome, trying again while the database is briefly unavailable.
-
-    Returns whether the outcome was stored: False when a newer attempt owns the run, or when the
-    database kept failing (logged; the caller's lease then lapses and the reaper's next attempt
-    redoes the run). Raises what a non-transient database error raised.
-    """
-    delays = iter(services.store_retry_delays)
-    while True:
-        try:
-            await asyncio.to_thread(recorder.write_unwritten)  # with its locks, in a thread as the batched writes
-            return await store()
-        except Exception as error:
-            if not is_transient_database_error(error):
-                raise
-            delay = next(delays, None)
-            if delay is None:
-                logger.error("could not store the outcome of run %s (%s); its lease will lapse and the reaper's "
-                             "next attempt redoes it", recorder.run_id, type(error).__name__)
-                return False
-            logger.warning("could not store the outcome of run %s yet (%s); trying again in %g s", recorder.run_id,
-                           type(error).__name__, delay)
-            await services.sleep(delay)
-
-
-async def _keep_lease(services: RunnerServices, run_id: int, attempt: int, owner: str, cancel: CancelToken) -> None:
-    """Renew the lease every third of its length; a lost lease, or none renewed for a whole lease, stops this attempt."""
-    renewed_at = time.monotonic()
-    while True:
-        await asyncio.sleep(services.lease_seconds / 3)
-        try:
-            held = await arenew_lease(services.sessions, run_id, attempt, owner, services.lease_seconds)
-        except Exception:  # a busy database: try again, but never outlive the lease unnoticed
-            logger.warning("could not renew the lease of run %s", run_id, exc_info=True)
-            held = time.monotonic() - renewed_at < services.lease_seconds
-        else:
-            renewed_at = time.monotonic() if held else renewed_at
-        if not held:
-            cancel.cancel(LEASE_LOST)
-            return
-
-
-@logged_as_run
-async def execute(run_id: int, on_state: OnState | None, *, services: RunnerServices,
-                  cancel: CancelToken | None = None, owner: str | None = None,
-                  started: StartedAttempt | None = None, on_text: OnText | None = None) -> RunProgress | None:
-    """Run the stored run `run_id` to one of its final states and return its last progress.
-
-    Given `started`, the caller has taken the lease (`start_attempt`) and shown the first state
-    itself; otherwise this takes it and shows it. Returns None without doing anything when the run
-    has ended or another attempt holds it, and None when the database stayed unavailable: the run
-    is then left running with its lease lapsing, so the reaper's next attempt does it again (a
-    finished report is never marked failed and lost). Raises LookupError when the run does not exist.
-    A chat or follow-up answer is streamed to `on_text` (the visible text so far) as the model writes it.
-    """
-    owner = owner or worker_identity()
-    first_state_shown = started is not None
-    if started is None:
-        # Off the loop: a write that waits for the database must not hold up the runs sharing it.
-        started = _started(await astart_attempt(services.sessions, run_id, owner, services.lease_seconds))
-        if started is None:
-            return None
-    run = started.run
-    logger.info("run %s attempt %s started (%s)", run.id, run.attempt, run.mode)
-    try:
-        return await _execute_started(started, owner, None if first_state_shown else on_state, on_state,
-                                      services=services, cancel=cancel, on_text=on_text)
-    except Exception as error:
-        if is_transient_database_error(error):
-            # Writing "failed" would fail too, and would be untrue: the next attempt can still finish the run.
-            logger.error("run %s attempt %s stopped: the database is unavailable (%s); left for the reaper",
-                         run.id, run.attempt, type(error).__name__)
-            return None
-        # Whatever broke outside the engine, the run ends in a stored state that says so.
-        logger.error("run %s failed outside the engine", run.id, exc_info=True)
-        reason = f"Internal error ({type(error).__name__}); the run stopped before what it found could be stored."
-        await amark_failed(services.sessions, run.id, run.attempt, reason)
-        raise
-
-
-async def _execute_started(started: StartedAttempt, owner: str, show_first: OnState | None, on_state: OnState | None, *,
-                           services: RunnerServices, cancel: CancelToken | None,
-                           on_text: OnText | None = None) -> RunProgress | None:
-    run, first_seq = started
-    observer = services.metrics.run_started(mode=run.mode, created_at=run.created_at, started_at=run.started_at,
-                                            first_attempt=run.attempt == 1) if services.metrics is not None else None
-    recorder = RunRecorder(services.sessions, run, on_state, observer=observer, progress=started.first_progress())
-    if show_first is not None:
-        # The status message leaves "queued" as soon as a worker holds the run, before the engine starts.
-        await show_first(recorder.progress)
-    cancel = cancel or CancelToken()
-    state = engine.ResearchState()
-    options = options_for_run(services.options, run.options)
-    inputs = await arun_inputs(services.sessions, run.conversation_id, history_messages=HISTORY_MESSAGES,
-                               answer_from_run=run.options.answer_from_run if run.mode == "followup" else None)
-    earlier = _without_current_question(_history(inputs.history), run.question)
-    passages, sources = _stored_passages(inputs.passages)
-    # The thread's history takes at most CHAT_MAX_CONTEXT_TOKENS, and at most a quarter of the model's window, so the
-    # passages and the answer keep their room (the window is asked of the server once per process).
-    window = await services.tools.llm.context_tokens()
-    history = fit_thread_context(earlier, run.question, min(options.max_context_tokens,
-                                                             window // THREAD_SHARE_OF_WINDOW if window else
-                                                             options.max_context_tokens))
-
-    common = {"events": recorder, "cancel": cancel, "state": state, "first_seq": first_seq}
-    if run.mode == "research":
-        work = engine.research(run.question, plan=run.plan, context=_context_text(history), options=options,
-                               tools=services.tools, **common)
-    elif run.mode == "plan":
-        work = engine.plan(run.question, context=_context_text(history), llm=services.tools.llm,
-                           today=services.tools.today(), **common)
-    elif run.mode == "chat":
-        work = engine.chat(run.question, history=history, llm=services.tools.llm, today=services.tools.today(),
-                           options=options, on_text=on_text, **common)
-    else:
-        work = engine.answer_from_passages(run.question, history=history, passages=passages, sources=sources,
-                                           llm=services.tools.llm, today=services.tools.today(), options=options,
-                                           on_text=on_text, **common)
-
-    hard_deadline = options.max_seconds + services.hard_deadline_grace_seconds
-    timed_out = False
-    report: Report | None = None
-    # The lease is kept until the outcome is stored, so a slow final write is not taken for a dead worker.
-    lease_keeper = asyncio.create_task(_keep_lease(services, run.id, run.attempt, owner, cancel))
-    try:
-        try:
-            async with asyncio.timeout(hard_deadline) as deadline:
-                report = await work
-        except TimeoutError:
-            if not deadline.expired():  # a timeout of some step inside the run, not the hard deadline
-                raise
-            timed_out = True
-        finally:
-            recorder.stop_batching()
-        cancelled_by = cancel.cancelled_by
-        if cancelled_by == LEASE_LOST:
-            logger.warning("run %s attempt %s lost its lease; another attempt owns it", run.id, run.attempt)
-            return None
-
-        final_state: RunState
-        if timed_out:
-            final_state, error = "timed_out", f"The run passed its hard deadline of {hard_deadline:g} s and was stopped."
-            report = engine.unfinished_report(state, reason="timed out")
-            await recorder(Error(message=error, seq=recorder.progress.last_seq + 1))
-            recorder.progress = recorder.progress.model_copy(update={"state": "timed_out"})
-        else:
-            terminal = recorder.terminal
-            final_state = TERMINAL_STATE_OF_EVENT[terminal.type] if terminal is not None else "failed"
-            error = terminal.message if isinstance(terminal, Error) else None
-            if final_state == "cancelled":
-                recorder.progress = recorder.progress.model_copy(update={"cancelled_by": cancelled_by})
-        if report is not None and report.model is None:
-            report.model = services.tools.llm.config.model  # named in the report's "Written by AI" line
-        # What the bot said joins the thread's history, so follow-ups and revisions have it as context.
-        reply_text = report.body_markdown[:MAX_HISTORY_REPLY_CHARS] if report is not None else None
-        # Rendering a long report takes a while: not on the loop the runs share.
-        outcome = await asyncio.to_thread(_outcome, final_state, state, report, error, reply_text, cancelled_by)
-        stored = await _store_outcome(services, recorder, functools.partial(
-            afinish_attempt, services.sessions, run.id, run.attempt, outcome, _findings(state)))
-    finally:
-        lease_keeper.cancel()
-    if not stored:
-        return None
-    if observer is not None:
-        observer.finished(final_state, pages=state.fetches.values())
-    final = {"state": final_state, "finished_at": utcnow()}
-    if report is not None and report.audit.sentences_total:
-        final["audit_line"] = audit_line(report)
-    if report is not None and report.partial:
-        final.update(partial=True, partial_reason=report.partial_reason)
-    return recorder.progress.model_copy(update=final)

@@ -6,16 +6,14 @@ import logging
 import os
 import ssl
 import threading
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 import httpx
 
 from chat.platform import Outbound, OutboundPlatform
-from chat.state import RunProgress
 from config import Settings
-from ops.log_context import logged_as_run, set_run_phase
+from ops.log_context import logged_as_run
 from ops.metrics import process_metrics
-from research.budget import CancelToken
 from research.cpu import cpu_pool
 from storage.answer_drafts import AnswerDraftWriter
 from storage.admission import aqueue_positions
@@ -36,7 +34,8 @@ from worker.delivery import DeliveryRetry, DeliveryTarget, RunDelivery, show_que
 from worker.leases import reap, worker_identity
 from worker.loop import RunLoop
 from worker.queue import Limits, Queue, SendTask
-from worker.runner import RunnerServices, StartedAttempt, execute, start_attempt
+from worker.attempt import RunAttempt, WorkerLoops
+from worker.runner import RunnerServices, start_attempt
 from worker.toolkit import build_research_tools, research_options, search_config
 
 logger = logging.getLogger(__name__)
@@ -82,9 +81,9 @@ class WorkerRuntime:
         # Its own client: with Redis down it reads the run rows within a second, not after retries.
         self.cancels = CancelWatcher(redis_flags(connect(self.redis_url, fail_fast=True)), row_flags(self.sessions))
         self.loop = RunLoop(blocking_threads=settings.worker_concurrency + BLOCKING_THREADS_BEYOND_CONCURRENCY)
-        # Status edits and reports go out from a loop of their own: on the runs' loop, busy with a burst of
-        # runs, each step of an edit waited a whole turn behind every other run's work.
+        # Status edits and reports go out from a loop of their own (see WorkerLoops).
         self.delivery_loop = RunLoop(blocking_threads=DELIVERY_BLOCKING_THREADS, name="deepthread-delivery")
+        self.loops = WorkerLoops(runs=self.loop, delivery=self.delivery_loop)
         # Each client's connections live on its own loop; a burst of runs waits for one rather than failing.
         self.aredis = connect_async(self.redis_url, max_connections=connections_for(settings.worker_concurrency))
         self.delivery_redis = connect_async(self.redis_url, max_connections=connections_for(settings.worker_concurrency))
@@ -106,7 +105,7 @@ class WorkerRuntime:
                 logger.warning("admission after run %s failed", run_id, exc_info=True)
 
     def _start_and_run(self, run_id: int) -> None:
-        """The lease and the first status edit from this thread, the run on the runs' loop, delivery on its own."""
+        """Take the run's lease as a new attempt and hand the attempt its delivery, its tools and the two loops."""
         try:
             delivery = self._delivery(run_id)
         except (LookupError, ValueError) as error:
@@ -117,64 +116,36 @@ class WorkerRuntime:
         started = start_attempt(self.sessions, run_id, owner, self.settings.worker_lease_seconds)
         if started is None:
             return
-        if delivery is None:
-            self.loop.run(self._execute(started, owner, None))
-            return
-        finished = False
-        try:
-            # The status message leaves "queued" as soon as this worker holds the run, before the engine starts.
-            self.delivery_loop.call(delivery.on_state(started.first_progress())).result()
-            final = self.loop.run(self._execute(started, owner, delivery))
-            if final is not None:
-                set_run_phase("deliver")
-                self.delivery_loop.call(delivery.finish(final)).result()
-                finished = True
-        finally:
-            if not finished:  # a stale attempt, or one that broke
-                self.delivery_loop.call(delivery.abandon()).result()
+        services, close = self._services()
+        # A platform with nothing delivered (the terminal) follows the answer's draft in Redis instead.
+        answer_draft = AnswerDraftWriter(self.aredis, run_id) if delivery is None else None
+        RunAttempt(started, services, owner=owner, delivery=delivery).run_in_worker(
+            self.loops, cancels=self.cancels, answer_draft=answer_draft, close=close)
 
-    async def _execute(self, started: StartedAttempt, owner: str, delivery: RunDelivery | None) -> RunProgress | None:
+    def _services(self) -> tuple[RunnerServices, Callable[[], Awaitable[None]]]:
+        """What one attempt executes with (its own HTTP clients, the process's pools, limits and metrics), and how
+        to close its clients after."""
         settings = self.settings
         search = search_config(settings)
         llm_http = httpx.AsyncClient(verify=self.ssl_context, timeout=httpx.Timeout(60.0))
+        search_http = httpx.AsyncClient(timeout=httpx.Timeout(20.0), trust_env=True, verify=self.ssl_context)
         tools = build_research_tools(
             settings, cpu_pool=self.cpu_pool,
             limiter=RedisRateLimiter(self.aredis, search.min_interval_seconds),
             breaker=RedisCircuitBreaker(self.aredis, failure_threshold=search.breaker_failure_threshold,
                                         cooldown=search.breaker_cooldown_seconds),
-            llm_http=llm_http,
-            search_http=httpx.AsyncClient(timeout=httpx.Timeout(20.0), trust_env=True, verify=self.ssl_context),
-            search=search,
+            llm_http=llm_http, search_http=search_http, search=search,
         )
         tools.fetch_ssl_context = self.ssl_context
-        cancel = CancelToken()
-        run_id = started.run.id
+        services = RunnerServices(sessions=self.sessions, tools=tools, options=research_options(settings),
+                                  hard_deadline_grace_seconds=settings.worker_deadline_grace_seconds,
+                                  lease_seconds=settings.worker_lease_seconds, metrics=process_metrics())
 
-        async def on_state(progress: RunProgress) -> None:
-            await self.delivery_loop.bridged(delivery.on_state(progress))
-
-        # A platform with nothing delivered (the terminal) follows the answer's draft in Redis instead.
-        answer_draft = AnswerDraftWriter(self.aredis, run_id) if delivery is None else None
-        answer_stream = delivery.stream_answer(started.run.attempt, self.delivery_loop.loop) if delivery else answer_draft
-
-        async def on_text(visible_text: str) -> None:
-            answer_stream.show(visible_text)  # handed over without waiting: the model is not slowed by the platform
-
-        try:
-            services = RunnerServices(sessions=self.sessions, tools=tools, options=research_options(settings),
-                                      hard_deadline_grace_seconds=settings.worker_deadline_grace_seconds,
-                                      lease_seconds=settings.worker_lease_seconds, metrics=process_metrics())
-            with self.cancels.watching(run_id, cancel):
-                final = await execute(run_id, on_state if delivery else None, services=services, cancel=cancel,
-                                      owner=owner, started=started, on_text=on_text if answer_stream else None)
-            if final is not None and final.state == "cancelled" and final.cancelled_by is None:
-                final = final.model_copy(update={"cancelled_by": cancel.cancelled_by})
-            return final
-        finally:
-            if answer_draft is not None:
-                await answer_draft.close()
+        async def close() -> None:
             await llm_http.aclose()  # ours, not the LLM client's, so its aclose() leaves it open
-            await tools.search_http.aclose()
+            await search_http.aclose()
+
+        return services, close
 
     def _platform_parts(self, platform: str) -> Outbound | None:
         """The platform's messenger and renderer (None: a platform that shows its runs itself, like the terminal);

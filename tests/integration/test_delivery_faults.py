@@ -46,7 +46,8 @@ from worker.delivery import (
 )
 from worker.leases import reap
 from worker.progress import InMemoryEditBucket
-from worker.runner import RunnerServices, execute
+from worker.attempt import RunAttempt
+from worker.runner import RunnerServices
 
 pytestmark = pytest.mark.integration
 
@@ -247,12 +248,13 @@ def research_services(sessions: sessionmaker[Session], corpus: Corpus, sleep) ->
 
 
 async def run_and_deliver(run_id: int, services: RunnerServices, delivery: RunDelivery) -> DeliveryOutcome | None:
-    """What a worker does with a run: execute it with live status edits, then deliver it."""
-    final = await execute(run_id, delivery.on_state, services=services)
-    if final is None:
+    """What a worker does with a run: execute it with live status edits, then deliver its report from memory."""
+    attempt = await RunAttempt.start(run_id, services, delivery=delivery)
+    final = await attempt.execute(on_state=delivery.on_state) if attempt is not None else None
+    if attempt is None or final is None:
         await delivery.editor.stop()
         return None
-    return await delivery.finish(final)
+    return await delivery.finish(final, report=attempt.report)
 
 
 def assert_delivered_once_with_findings(sessions: sessionmaker[Session], slack: FakeSlack, run_id: int) -> None:

@@ -20,7 +20,8 @@ from storage.models import Citation, Event, Passage, Run, Source
 from tests.fakes.corpus import QUESTION, Corpus
 from bot.console.bundle import TERMINAL, TERMINAL_USER
 from worker.headless import create_run
-from worker.runner import RunnerServices, execute
+from tests.attempts import execute_stored
+from worker.runner import RunnerServices
 from worker.toolkit import research_options
 
 pytestmark = pytest.mark.integration
@@ -55,7 +56,7 @@ def execute_run(corpus: Corpus, url: str, mode: str, question: str = QUESTION) -
         states.append(progress)
 
     services = RunnerServices(sessions=sessions, tools=corpus.tools(), options=research_options(load_settings()))
-    asyncio.run(execute(run_id, on_state, services=services))
+    asyncio.run(execute_stored(run_id, services, on_state=on_state))
     return run_id, states
 
 

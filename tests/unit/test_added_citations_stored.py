@@ -25,7 +25,8 @@ from storage.vocabulary import RunOptions
 from tests.fakes.llm import ChatRequest, FakeLLM, HandlerResult, default_research_model
 from tests.fakes.resolver import DictResolver
 from worker.queue import ADMITTED
-from worker.runner import RunnerServices, execute
+from tests.attempts import execute_stored
+from worker.runner import RunnerServices
 
 TIDES = "Tides rise and fall twice a day because of the gravitational pull of the Moon on the oceans."
 TURBINES = "The Zorblax turbine array delivered 1,011 kilowatt hours of tidal energy during its trial."
@@ -76,7 +77,7 @@ def services(sessions: sessionmaker[Session]) -> RunnerServices:
 
 def test_a_cite_the_audit_added_is_stored_as_added_and_exported_as_added_by_audit(sessions) -> None:
     run_id = follow_up_on_a_finished_run(sessions)
-    final = asyncio.run(execute(run_id, None, services=services(sessions)))
+    final = asyncio.run(execute_stored(run_id, services(sessions)))
     assert final is not None and final.state == "done"
 
     with sessions() as session:

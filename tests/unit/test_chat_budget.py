@@ -24,7 +24,8 @@ from research.thread_context import TRUNCATION_MARKER, Turn, context_tokens, fit
 from tests.fakes.llm import ChatRequest, FakeLLM, HandlerResult, default_research_model
 from tests.fakes.resolver import DictResolver
 from tests.unit.conversation_world import ALICE, BOB, World
-from worker.runner import RunnerServices, execute
+from tests.attempts import execute_stored
+from worker.runner import RunnerServices
 from worker.toolkit import research_options
 
 QUESTION = "So which of these options should we pick?"
@@ -105,7 +106,7 @@ def test_a_mention_in_a_long_thread_sends_the_model_a_prompt_within_the_context_
     model = FakeLLM(default_research_model)
     options = ResearchOptions()
 
-    asyncio.run(execute(outcome.run_id, None, services=RunnerServices(sessions=session_factory, tools=chat_tools(model),
+    asyncio.run(execute_stored(outcome.run_id, RunnerServices(sessions=session_factory, tools=chat_tools(model),
                                                                      options=options)))
 
     assert world.run(outcome.run_id).state == "done"
@@ -125,7 +126,7 @@ def test_in_a_small_context_window_the_thread_takes_at_most_a_quarter_of_it_and_
     model = FakeLLM(default_research_model, context_window=4096, context_discovery="llama_cpp")
     options = ResearchOptions()
 
-    asyncio.run(execute(outcome.run_id, None, services=RunnerServices(sessions=session_factory, tools=chat_tools(model),
+    asyncio.run(execute_stored(outcome.run_id, RunnerServices(sessions=session_factory, tools=chat_tools(model),
                                                                      options=options)))
 
     assert world.run(outcome.run_id).state == "done"

@@ -56,6 +56,20 @@ def test_the_report_is_posted_once_in_the_thread_and_recorded(session_factory) -
         assert run.delivery_intent_at is not None and len(run.delivered_messages) == 1
 
 
+def test_the_attempt_s_report_is_posted_from_memory_and_a_retry_reads_the_stored_one(session_factory) -> None:
+    run_id = stored_run(session_factory)  # stored with the body "b"
+    in_memory = Report(title="t", question="q", body_markdown="The report the attempt holds.")
+    first = RecordingMessenger()
+    asyncio.run(delivery(session_factory, run_id, first).deliver_report(attempt=1, report=in_memory))
+    assert "The report the attempt holds." in first.posts[0][1].text
+    with session_factory() as session:
+        run = session.get(Run, run_id)
+        assert run.delivery_intent_at is not None and len(run.delivered_messages) == 1  # the row stays the truth
+    again = RecordingMessenger()
+    asyncio.run(delivery(session_factory, run_id, again).deliver_report(attempt=1))
+    assert again.posts == [] and "The report the attempt holds." not in again.edits[0][1].text
+
+
 def test_a_retried_delivery_edits_what_was_posted_instead_of_posting_again(session_factory) -> None:
     run_id = stored_run(session_factory)
     first = RecordingMessenger()

@@ -30,7 +30,8 @@ from tests.fakes.discord_memory import InMemoryDiscord, channel_place
 from tests.fakes.llm import FakeLLM, default_research_model
 from tests.fakes.resolver import DictResolver
 from worker.progress import InMemoryEditBucket, StatusEditor
-from worker.runner import RunnerServices, execute
+from tests.attempts import execute_stored
+from worker.runner import RunnerServices
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -176,7 +177,7 @@ def test_a_run_executed_by_the_runner_is_counted_with_its_model_calls_by_step(
                           search_http=nowhere, resolver=DictResolver({}))
     services = RunnerServices(sessions=session_factory, tools=tools, options=ResearchOptions(), metrics=metrics)
 
-    final = asyncio.run(execute(run_id, None, services=services))
+    final = asyncio.run(execute_stored(run_id, services))
 
     assert final is not None and final.state == "done"
     samples = scraped(metrics.registry)

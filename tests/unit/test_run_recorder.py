@@ -24,7 +24,8 @@ from tests.fakes.llm import ChatRequest, FakeLLM, HandlerResult, default_researc
 from tests.fakes.resolver import DictResolver
 from worker.leases import reap
 from worker.queue import ADMITTED
-from worker.runner import RunnerServices, RunRecorder, execute
+from tests.attempts import execute_stored
+from worker.runner import RunnerServices, RunRecorder
 
 
 def running_run(sessions: sessionmaker[Session]) -> Run:
@@ -213,7 +214,7 @@ def test_a_run_finishing_into_a_locked_database_stores_its_answer_once_the_lock_
         waits.append(seconds)
         lock.release()  # the other writer commits while we wait
 
-    final = asyncio.run(execute(run_id, None, services=chat_services(sessions, locking_model(lock, []), sleep)))
+    final = asyncio.run(execute_stored(run_id, chat_services(sessions, locking_model(lock, []), sleep)))
     assert waits == [1.0], "the first store met the lock and was tried again"
     assert final is not None and final.state == "done"
     with sessions() as session:
@@ -231,7 +232,7 @@ def test_a_run_whose_outcome_cannot_be_stored_is_not_failed_and_the_reapers_next
         waits.append(seconds)  # the lock outlasts every try
 
     services = chat_services(sessions, locking_model(lock, answers), sleep)
-    assert asyncio.run(execute(run_id, None, services=services)) is None
+    assert asyncio.run(execute_stored(run_id, services)) is None
     assert waits == [1.0, 2.0, 4.0]
     lock.release()
     with sessions() as session:
@@ -240,7 +241,7 @@ def test_a_run_whose_outcome_cannot_be_stored_is_not_failed_and_the_reapers_next
         lease_until = run.lease_until
 
     assert reap(sessions, lambda *task: None, now=lease_until + dt.timedelta(seconds=1)) == [run_id]
-    final = asyncio.run(execute(run_id, None, services=services))
+    final = asyncio.run(execute_stored(run_id, services))
     assert final is not None and final.state == "done" and len(answers) == 2
     with sessions() as session:
         run = session.get(Run, run_id)
