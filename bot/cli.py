@@ -13,11 +13,14 @@ from bot.logs import JsonLogFormatter, configure_logging  # noqa: F401  # re-exp
 # Only typer (and bot.logs, standard library only) at the top: `--help` must not load settings, httpx or any SDK
 # (tests/unit/test_startup.py).
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from bot.conversation.core import ConversationCore
     from bot.platform import PlatformBundle
     from config import Settings
+    from research.report import ExportFormat
     from storage.db import Sessions
-    from storage.vocabulary import RunMode
+    from storage.vocabulary import RunMode, RunOptions
 
 app = typer.Typer(
     help="deepthread: a research bot for Slack and Discord that cites every claim.",
@@ -98,8 +101,8 @@ def _database(settings: Settings) -> Sessions:
     return make_session_factory(engine)
 
 
-def _request(mode: str, question: str, *, since: str | None = None, sites: list[str] = (),  # type: ignore[assignment]
-             depth: str | None = None) -> tuple[str, dict]:
+def _request(mode: str, question: str, *, since: str | None = None, sites: Sequence[str] = (),
+             depth: str | None = None) -> tuple[str, RunOptions]:
     """The question and options, checked by the rules the chat uses; exits 2 with the chat's message when wrong."""
     from bot.conversation.commands import UsageProblem, parse_request
 
@@ -117,7 +120,8 @@ def _request(mode: str, question: str, *, since: str | None = None, sites: list[
     return request.question, request.options
 
 
-def _run_in_terminal(mode: RunMode, question: str, options: dict, output_format: str, out: str | None) -> None:
+def _run_in_terminal(mode: RunMode, question: str, options: RunOptions, output_format: ExportFormat,
+                     out: str | None) -> None:
     """Create a run, execute it here with a live display, then print or save its report."""
     settings = settings_or_exit()
     question = question.strip()
@@ -166,6 +170,8 @@ def _run_in_terminal(mode: RunMode, question: str, options: dict, output_format:
             async def on_state(progress) -> None:
                 live.update(render_progress(progress))
             final = await attempt.execute(on_state=on_state, cancel=cancel)
+            if final is None:  # execute() says why in the log: the database stayed unavailable
+                raise RuntimeError(f"run {run_id} stopped before its outcome could be stored")
             live.update(render_progress(final))
         if not console.is_terminal:
             console.line()  # the last panel drawn on a pipe or file ends without a line break
@@ -205,13 +211,19 @@ def _write_report(text: str, output_format: str, out: str | None, *, done_line: 
         typer.echo(text)
 
 
-FORMATS = ("md", "html", "json")
+FORMATS: tuple[ExportFormat, ...] = ("md", "html", "json")
 
 
-def _check_format(value: str) -> str:
+def _export_format(value: str) -> ExportFormat:
+    """`value` as an export format; raises typer.BadParameter when it is not one."""
     if value not in FORMATS:
         raise typer.BadParameter(f"choose one of {', '.join(FORMATS)}")
     return value
+
+
+def _check_format(value: str) -> str:
+    # typer reads a callback's annotations at run time, where ExportFormat is not imported: hence plain str.
+    return _export_format(value)
 
 
 @app.command()
@@ -233,7 +245,7 @@ def research(
         raise typer.Exit(code=2)
     checked, options = _request("research", question, since=since, sites=site,
                                 depth="deep" if deep else "quick" if quick else None)
-    _run_in_terminal("research", checked, options, output_format, out)
+    _run_in_terminal("research", checked, options, _export_format(output_format), out)
 
 
 @app.command("plan")
@@ -267,7 +279,7 @@ def export(
 
     settings = settings_or_exit()
     try:
-        text = export_run(_database(settings), run_id, output_format)
+        text = export_run(_database(settings), run_id, _export_format(output_format))
     except LookupError:
         typer.echo(f"Run {run_id} does not exist (`deepthread runs` lists them).", err=True)
         raise typer.Exit(code=1) from None
@@ -329,7 +341,7 @@ def _chat(worker_log: Path | None = None) -> None:
 
     from rich.console import Console
 
-    from bot.console.chat import TerminalChat
+    from bot.console.chat import NO_WORKER, TerminalChat
     from bot.conversation.core import build_core
     from chat.console.messenger import ConsoleMessenger
     from chat.console.render import ConsoleRenderer
@@ -340,12 +352,12 @@ def _chat(worker_log: Path | None = None) -> None:
     console = Console()
     messenger = ConsoleMessenger(console)
     core = build_core(settings, messenger, ConsoleRenderer(), sessions=sessions)
-    options = {}
+    no_worker = NO_WORKER
     if worker_log is not None:
-        options["no_worker"] = (f"The worker is not answering yet (it may still be starting, or it stopped and is being "
-                                f"started again): its log is {worker_log}. This run waits in the queue until it is up.")
+        no_worker = (f"The worker is not answering yet (it may still be starting, or it stopped and is being "
+                     f"started again): its log is {worker_log}. This run waits in the queue until it is up.")
     asyncio.run(TerminalChat(core, sessions, messenger, console, exports=Path(settings.data_dir) / "exports",
-                             **options).run())
+                             no_worker=no_worker).run())
 
 
 @app.command()
@@ -491,4 +503,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

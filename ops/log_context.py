@@ -13,10 +13,10 @@ import contextvars
 import functools
 import inspect
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar, overload
 
 # The names a record carries (None outside a run), in the order the JSON lines show them.
 RUN_FIELDS = ("run_id", "conversation_id", "platform", "workspace", "phase")
@@ -73,23 +73,31 @@ def run_log_context(run_id: int) -> Iterator[RunLogContext]:
         unbind_run(token)
 
 
-def logged_as_run(function: Callable[P, R]) -> Callable[P, R]:
+@overload
+def logged_as_run(function: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Coroutine[Any, Any, R]]: ...
+
+
+@overload
+def logged_as_run(function: Callable[P, R]) -> Callable[P, R]: ...
+
+
+def logged_as_run(function: Callable[P, Any]) -> Callable[P, Any]:
     """Decorate a function or coroutine function that takes a `run_id` so that its log lines are tagged with that run."""
     signature = inspect.signature(function)
 
     def run_id_of(args: tuple[object, ...], kwargs: dict[str, object]) -> int:
-        return int(signature.bind(*args, **kwargs).arguments["run_id"])  # type: ignore[call-overload]
+        return int(signature.bind(*args, **kwargs).arguments["run_id"])
 
     if inspect.iscoroutinefunction(function):
         @functools.wraps(function)
         async def tagged_coroutine(*args: P.args, **kwargs: P.kwargs) -> object:
             with run_log_context(run_id_of(args, kwargs)):
-                return await function(*args, **kwargs)  # type: ignore[misc]
+                return await function(*args, **kwargs)
 
-        return tagged_coroutine  # type: ignore[return-value]
+        return tagged_coroutine
 
     @functools.wraps(function)
-    def tagged(*args: P.args, **kwargs: P.kwargs) -> R:
+    def tagged(*args: P.args, **kwargs: P.kwargs) -> Any:
         with run_log_context(run_id_of(args, kwargs)):
             return function(*args, **kwargs)
 

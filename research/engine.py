@@ -13,7 +13,7 @@ import logging
 import math
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import Executor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -72,6 +72,7 @@ from research.rank import rank_passages_for_queries
 from research.providers import NoSearchProviderError, SearchConfig, SearchRouter, build_router, build_scraper
 from research.scrape_fallback import FallbackFetcher
 from research.report import AuditFigures, Report, ReportSource, UsageSummary, split_title, unfinished_title
+from research.thread_context import Turn
 from research.untrusted import fence_passages, fence_untrusted
 
 logger = logging.getLogger(__name__)
@@ -701,7 +702,7 @@ async def _cite_through_claims(run: _Run, question: str, context: str | None, op
 
 
 async def _gather(run: _Run, question: str, options: ResearchOptions, budget: Budget, router: SearchRouter,
-                  fetcher: SafeFetcher, llm: LLMClient, tools: ResearchTools, today: dt.date, *,
+                  fetcher: fetch_phase.PageFetcher, llm: LLMClient, tools: ResearchTools, today: dt.date, *,
                   reader: read_phase.PageReader, question_search: search_phase.QuestionSearch | None = None,
                   window: asyncio.Future[Any] | None = None) -> None:
     """Rounds of search → fetch → read → gap check until covered, out of rounds, or out of budget."""
@@ -826,12 +827,12 @@ def _citation_judge(llm: LLMClient, today: dt.date) -> verify_phase.Judge:
     return judge
 
 
-def fitted_history(llm: LLMClient, fixed: list[Message], history: list[Message], answer_tokens: int) -> list[Message]:
+def fitted_history(llm: LLMClient, fixed: list[Message], history: Sequence[Turn], answer_tokens: int) -> list[Message]:
     """The newest part of `history` that fits the model's known window beside the `fixed` messages and the answer."""
     room = llm.prompt_room(answer_tokens)
+    kept: list[Message] = [dict(turn) for turn in history]
     if room is None:
-        return history
-    kept = list(history)
+        return kept
     while kept and estimate_prompt_tokens([*fixed, *kept]) > room:
         kept.pop(0)  # the oldest turn goes first
     return kept
@@ -882,7 +883,7 @@ async def plan(
 async def chat(
     question: str,
     *,
-    history: list[dict[str, str]],
+    history: Sequence[Turn],
     llm: LLMClient,
     today: dt.date,
     events: Emit,
@@ -923,7 +924,7 @@ async def chat(
 async def answer_from_passages(
     question: str,
     *,
-    history: list[dict[str, str]],
+    history: Sequence[Turn],
     passages: list[Passage],
     sources: dict[str, SearchResult],
     llm: LLMClient,

@@ -23,7 +23,7 @@ import math
 import ssl
 import time
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing, asynccontextmanager
 from http.cookiejar import CookieJar, DefaultCookiePolicy
 from urllib.parse import urljoin, urlsplit
@@ -561,7 +561,7 @@ class SafeFetcher:
 
     async def _decoded_chunks(
         self, response: httpx.Response, counter: "_RawCounter", raw_cap: int, *, enforce_budget: bool = True
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         if response.is_stream_consumed:
             # A response built from bytes (httpx.MockTransport in tests) arrives already read and decoded.
             decoder = BoundedDecoder("identity", self.config.max_decoded_bytes)

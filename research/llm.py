@@ -43,6 +43,7 @@ from openai.types.completion_usage import CompletionUsage
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from research.errors import DeepthreadError
+from research.markdown import read
 from research.models import ModelUsage
 
 DEFAULT_LLM_BASE_URL = "https://api.openai.com/v1"
@@ -288,7 +289,6 @@ class LongAnswer:
 _REASONING_BLOCK = re.compile(r"<(think|thinking)>.*?</\1>", re.DOTALL | re.IGNORECASE)
 _ORPHAN_REASONING_END = re.compile(r"^.*</(?:think|thinking)>", re.DOTALL | re.IGNORECASE)
 _UNCLOSED_REASONING = re.compile(r"<(?:think|thinking)>.*$", re.DOTALL | re.IGNORECASE)
-_CODE_FENCE = re.compile(r"```[a-zA-Z0-9_-]*[ \t]*\n?(.*?)```", re.DOTALL)
 
 
 def strip_reasoning(text: str) -> str:
@@ -302,7 +302,6 @@ def strip_reasoning(text: str) -> str:
 
 
 _REASONING_TAGS = ("<think>", "</think>", "<thinking>", "</thinking>")
-_OPENING_FENCE = re.compile(r"^```[a-zA-Z0-9_-]*[ \t]*\n")
 
 
 def visible_streamed_text(raw: str) -> str:
@@ -315,7 +314,9 @@ def visible_streamed_text(raw: str) -> str:
     if text.startswith("```"):
         if "\n" not in text:
             return ""  # the fence's opening line is still being written
-        text = _OPENING_FENCE.sub("", text, count=1)
+        opening, _, rest = text.partition("\n")
+        if [token.type for token in read(opening).tokens[:1]] == ["fence"]:
+            text = rest
     # Backticks at the end may be a closing fence on its way.
     return text.rstrip("`").rstrip()
 
@@ -330,9 +331,9 @@ def _continuation_text(raw: str) -> str:
 def extract_json_text(answer: str) -> str:
     """The JSON part of a model's answer: reasoning removed, a Markdown code fence or surrounding prose dropped."""
     text = strip_reasoning(answer)
-    fenced = _CODE_FENCE.search(text)
-    if fenced:
-        return fenced.group(1).strip()
+    fenced = next((token.content for token in read(text).tokens if token.type == "fence"), None)
+    if fenced is not None:
+        return fenced.strip()
     start, end = text.find("{"), text.rfind("}")
     if start != -1 and end > start:
         return text[start : end + 1]
@@ -741,10 +742,11 @@ def _window_in_ollama_show(data: Any) -> int | None:
     model was trained for."""
     if not isinstance(data, dict):
         return None
-    parameters = data.get("parameters") if isinstance(data.get("parameters"), str) else ""
-    configured = re.search(r"^\s*num_ctx\s+(\d+)", parameters, re.MULTILINE)
-    info = data.get("model_info") if isinstance(data.get("model_info"), dict) else {}
-    trained = next((_positive_int(value) for key, value in info.items() if key.endswith(".context_length")), None)
+    parameters = data.get("parameters")
+    configured = re.search(r"^\s*num_ctx\s+(\d+)", parameters, re.MULTILINE) if isinstance(parameters, str) else None
+    info = data.get("model_info")
+    trained = next((_positive_int(value) for key, value in info.items() if key.endswith(".context_length")),
+                   None) if isinstance(info, dict) else None
     if configured:
         return int(configured.group(1))
     if trained is None:
@@ -998,6 +1000,7 @@ class LLMClient:
         quirks = self.quirks_for(self.config.model_for(fast=fast))
         while True:
             mode = quirks.response_format_mode
+            response_format: dict[str, Any] | None
             if mode == "json_schema":
                 request_messages, response_format = list(messages), json_schema_response_format(schema, task)
             else:

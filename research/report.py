@@ -12,7 +12,22 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, computed_field, model_validator
 
-from research.markdown import code_fences
+from markdown_it.renderer import RendererHTML
+from markdown_it.token import Token
+from markdown_it.utils import EnvType, OptionsDict
+
+from research.markdown import (
+    EVERY_LINK,
+    MARKDOWN,
+    Document,
+    definitions,
+    inline_text,
+    is_atx,
+    links,
+    read,
+    read_inline,
+    replaced,
+)
 
 from research.models import ModelUsage
 
@@ -85,7 +100,7 @@ class UsageSummary(BaseModel):
     bytes_fetched: int = 0
     seconds: float = 0.0
 
-    @computed_field  # type: ignore[prop-decorator]
+    @computed_field  # type: ignore[prop-decorator]  # mypy cannot follow a decorator over a property (pydantic's docs)
     @property
     def tokens_estimated(self) -> bool:
         """Whether some token counts were estimated from text length (the endpoint sent no `usage`)."""
@@ -128,30 +143,73 @@ def _comparable_url(url: str) -> str:
 
 def only_source_links(markdown: str, source_urls: list[str]) -> str:
     """`markdown` with every link whose target is not one of `source_urls` written as its label and its address
-    in plain text (`label (https://…)`); links to the sources, and anything in code, stay as they are."""
+    in plain text (`label (https://…)`); links to the sources, autolinks (`<https://…>`, which show their address),
+    and anything in code stay as they are.
+
+    Every link markdown-it-py reads counts, whatever its target: inline or reference-style, brackets nested or
+    escaped in its label, a label across lines, an image; a reference definition to anywhere else is made text, and a
+    table row is also read as one line of text, as a platform without tables (Discord) shows it.
+    """
     allowed = {_comparable_url(url) for url in source_urls if url}
+    allowed |= {_comparable_url(MARKDOWN.normalizeLink(url.strip())) for url in source_urls if url}
+    for attempt in range(_LINK_PASSES):
+        # A label made text may close brackets around it into another link: read again until none is left.
+        document = read(markdown, EVERY_LINK)
+        edits = _unlisted_link_edits(document, allowed, bluntly=attempt == _LINK_PASSES - 1)
+        if not edits:
+            return markdown
+        markdown = replaced(document.source, edits)
+    return markdown
 
-    def as_text(link: re.Match[str]) -> str:
-        label, url = link.group(1), link.group(2)
-        return link.group(0) if _comparable_url(url) in allowed else f"{label} ({url})"
 
-    def outside_code(line: str) -> str:
-        pieces, position = [], 0
-        for span in CODE_SPAN.finditer(line):
-            pieces.append(MARKDOWN_LINK.sub(as_text, line[position:span.start()]))
-            pieces.append(span.group(0))
-            position = span.end()
-        pieces.append(MARKDOWN_LINK.sub(as_text, line[position:]))
-        return "".join(pieces)
+_LINK_PASSES = 8
 
-    lines = markdown.splitlines()
-    return "\n".join(line if fence is not None else outside_code(line) for line, fence in zip(lines, code_fences(lines)))
+
+def _unlisted_link_edits(document: Document, allowed: set[str], *, bluntly: bool) -> list[tuple[int, int, str]]:
+    """The edits that make every link to an address not `allowed` text: its label and address, or (`bluntly`, or
+    where the parser's text was not found in the source) every `[` of its lines escaped."""
+    # A definition to anywhere else is made text first: `[1]` then stays a citation rather than a link to it.
+    unlisted_definitions = [line for definition in definitions(document)
+                            if _comparable_url(definition.target) not in allowed
+                            for line in _escaped_brackets(document, definition.lines[0], definition.lines[0] + 1)[:1]]
+    if unlisted_definitions and not bluntly:
+        return unlisted_definitions
+    # Each link with the offset its span counts from and the source lines it is on.
+    found = [(0, link.lines, link) for link in links(document)]
+    for token in document.tokens:
+        if token.type == "tr_open" and token.map is not None and "](" in document.lines[token.map[0]]:
+            row = token.map[0]
+            found.extend((document.line_starts[row], (row, row + 1), link)
+                         for link in links(read_inline(document.lines[row], EVERY_LINK)))
+    edits: list[tuple[int, int, str]] = []
+    for offset, lines, link in found:
+        if link.kind == "autolink" or _comparable_url(link.target) in allowed:
+            continue
+        if link.span is None or link.label is None or bluntly:
+            edits.extend(_escaped_brackets(document, *lines))
+            continue
+        label = document.source[offset + link.label[0]:offset + link.label[1]]
+        edits.append((offset + link.span[0], offset + link.span[1], f"{label} ({link.target})"))
+    return edits + unlisted_definitions
+
+
+def _escaped_brackets(document: Document, first: int, end: int) -> list[tuple[int, int, str]]:
+    """Every `[` of lines `first` to `end` (not included) that is not escaped yet, escaped: no link starts there."""
+    start, stop = document.line_range(first, end)
+    source = document.source
+    edits = []
+    for position in range(start, stop):
+        if source[position] != "[":
+            continue
+        backslashes = 0
+        while backslashes < position and source[position - backslashes - 1] == "\\":
+            backslashes += 1
+        if backslashes % 2 == 0:
+            edits.append((position, position + 1, "\\["))
+    return edits
 
 
 # --- shared pieces -------------------------------------------------------------------------------
-
-_H1_LINE = re.compile(r"^#\s+(.+?)\s*#*\s*$")
-
 
 def split_title(markdown: str) -> tuple[str | None, str]:
     """The text of the Markdown's leading `# ` heading (if its first non-blank line is one) and the rest."""
@@ -159,10 +217,12 @@ def split_title(markdown: str) -> tuple[str | None, str]:
     for index, line in enumerate(lines):
         if not line.strip():
             continue
-        match = _H1_LINE.match(line.strip())
-        if match is None:
+        # A first line is a heading or not by itself: the rest need not be read.
+        tokens = read(line.strip()).tokens
+        is_title = len(tokens) > 1 and tokens[0].tag == "h1" and is_atx(tokens[0]) and tokens[1].content
+        if not is_title:
             return None, markdown
-        return match.group(1), "\n".join(lines[index + 1:]).strip("\n")
+        return tokens[1].content, "\n".join(lines[index + 1:]).strip("\n")
     return None, markdown
 
 
@@ -358,192 +418,127 @@ def _link(url: str, text_html: str, *, css_class: str | None = None) -> str:
     return f'<a{class_attribute} href="{_escape(url)}" rel="noopener noreferrer nofollow">{text_html}</a>'
 
 
-CODE_SPAN = re.compile(r"`([^`\n]+)`")
-MARKDOWN_LINK = re.compile(r"\[([^\[\]\n]+)\]\(\s*((?:[^()\s]|\([^()\s]*\))+)(?:\s+\"[^\"\n]*\")?\s*\)")
-AUTOLINK = re.compile(r"<(https?://[^\s<>]+)>", re.IGNORECASE)
 BARE_URL = re.compile(r"\bhttps?://[^\s<>()\[\]\"'`]+", re.IGNORECASE)
 _CITATION = re.compile(r"\[(\d{1,4})\]")
-_BOLD = re.compile(r"\*\*(?=\S)(.+?)(?<=\S)\*\*|__(?=\S)(.+?)(?<=\S)__")
-_ITALIC = re.compile(r"(?<![\w*])\*(?=[^\s*])(.+?)(?<=[^\s*])\*(?![\w*])|(?<![\w_])_(?=[^\s_])(.+?)(?<=[^\s_])_(?![\w_])")
-_PLACEHOLDER = re.compile(r"\x00(\d+)\x00")
 _TRAILING_URL_PUNCTUATION = ".,;:!?"
 
 
-def render_inline(
-    text: str,
-    *,
-    escape: Callable[[str], str],
-    code: Callable[[str], str],
-    link: Callable[[str, str | None], str],
-    emphasis: Callable[[str], str],
-    held_apart: Sequence[tuple[re.Pattern[str], Callable[[re.Match[str]], str]]] = (),
-    bare_url: re.Pattern[str] = BARE_URL,
-) -> str:
-    """Markdown inline text in another markup, for any target (HTML here, Slack mrkdwn in chat.slack.render).
-
-    Code spans, http(s) links (Markdown, `<url>` and bare) and whatever `held_apart` matches are
-    rendered first and held apart from the rest, which is escaped and then given `emphasis`; the
-    held pieces go back last, so no markup can be smuggled in through them. `code` gets escaped
-    code; `link` a safe URL and its escaped label (None: the URL is its own label). A link whose
-    URL is not a safe http(s) one stays text.
-    """
-    held: list[str] = []
-
-    def hold(fragment: str) -> str:
-        held.append(fragment)
-        return f"\x00{len(held) - 1}\x00"
-
-    def markdown_link(match: re.Match[str]) -> str:
-        url = safe_http_url(match.group(2))
-        return hold(link(url, escape(match.group(1))) if url else escape(match.group(0)))
-
-    def autolink(match: re.Match[str]) -> str:
-        url = safe_http_url(match.group(1))
-        return hold(link(url, None) if url else escape(match.group(0)))
-
-    def bare(match: re.Match[str]) -> str:
-        raw = match.group(0)
-        trimmed = raw.rstrip(_TRAILING_URL_PUNCTUATION)
+def url_pieces(text: str, bare_url: re.Pattern[str] = BARE_URL) -> list[tuple[str, str | None]]:
+    """`text` cut around the bare http(s) URLs in it (trailing punctuation is not part of one): each piece with its
+    URL, or with None for the text between them."""
+    pieces: list[tuple[str, str | None]] = []
+    position = 0
+    for match in bare_url.finditer(text):
+        trimmed = match.group(0).rstrip(_TRAILING_URL_PUNCTUATION)
         url = safe_http_url(trimmed)
-        return hold(link(url, None) if url else escape(trimmed)) + escape(raw[len(trimmed):])
-
-    text = text.replace("\x00", "")
-    text = CODE_SPAN.sub(lambda match: hold(code(escape(match.group(1)))), text)
-    text = MARKDOWN_LINK.sub(markdown_link, text)
-    text = AUTOLINK.sub(autolink, text)
-    text = bare_url.sub(bare, text)
-    for pattern, render in held_apart:
-        text = pattern.sub(lambda match, render=render: hold(render(match)), text)
-    text = emphasis(escape(text))
-    # A held piece can hold another (a code span in link text): restore until none is left.
-    while _PLACEHOLDER.search(text):
-        text = _PLACEHOLDER.sub(lambda match: held[int(match.group(1))], text)
-    return text
+        if url is None:
+            continue
+        pieces.extend([(text[position:match.start()], None), (trimmed, url)])
+        position = match.start() + len(trimmed)
+    pieces.append((text[position:], None))
+    return [(piece, url) for piece, url in pieces if piece]
 
 
-def _inline_html(text: str) -> str:
-    """Markdown inline text as escaped HTML: code, http(s) links, `[n]` citations, bold and italic."""
-
-    def emphasis(escaped: str) -> str:
-        escaped = _BOLD.sub(lambda match: f"<strong>{match.group(1) or match.group(2)}</strong>", escaped)
-        return _ITALIC.sub(lambda match: f"<em>{match.group(1) or match.group(2)}</em>", escaped)
-
-    return render_inline(
-        text, escape=_escape, code=lambda escaped: f"<code>{escaped}</code>",
-        link=lambda url, label: _link(url, label if label is not None else _escape(url)), emphasis=emphasis,
-        held_apart=[(_CITATION, lambda match: _link_to_source(int(match.group(1))))],
-    )
+def _text_html(text: str) -> str:
+    """Text as HTML: escaped, with its bare http(s) URLs linked and its `[n]` citations linked to their source."""
+    pieces: list[str] = []
+    for piece, url in url_pieces(text):
+        if url is not None:
+            pieces.append(_link(url, _escape(url)))
+            continue
+        position = 0
+        for citation in _CITATION.finditer(piece):
+            pieces.extend([_escape(piece[position:citation.start()]), _link_to_source(int(citation.group(1)))])
+            position = citation.end()
+        pieces.append(_escape(piece[position:]))
+    return "".join(pieces)
 
 
 def _link_to_source(number: int) -> str:
     return f'<a class="cite" href="#source-{number}">[{number}]</a>'
 
 
-_FENCE = re.compile(r"^\s*(```|~~~)")
-_HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
-_RULE = re.compile(r"^\s{0,3}([-*_])(?:\s*\1){2,}\s*$")
-_BULLET_ITEM = re.compile(r"^(\s*)[-*+]\s+(.*)$")
-_NUMBERED_ITEM = re.compile(r"^(\s*)(\d{1,9})[.)]\s+(.*)$")
-_QUOTE = re.compile(r"^\s{0,3}>\s?(.*)$")
-_TABLE_ROW = re.compile(r"^\s*\|(.*)\|?\s*$")
-_TABLE_SEPARATOR = re.compile(r"^\s*\|?\s*:?-{2,}:?\s*(\|\s*:?-{2,}:?\s*)*\|?\s*$")
+_IN_LINK = "in_link"
 
 
-class _HtmlBuilder:
-    """Turns Markdown lines into HTML blocks; every piece of text goes through `_inline_html` or `_escape`."""
+def _text_token(content: str) -> Token:
+    return Token("text", "", 0, content=content)
 
-    def __init__(self) -> None:
-        self.output: list[str] = []
-        self.paragraph: list[str] = []
-        self.list_kind: str | None = None
-        self.list_items: list[str] = []
-        self.list_start = 1
-        self.quote: list[str] = []
-        self.table: list[list[str]] = []
 
-    def flush(self) -> None:
-        if self.paragraph:
-            self.output.append(f"<p>{_inline_html(' '.join(line.strip() for line in self.paragraph))}</p>")
-            self.paragraph = []
-        if self.list_kind is not None:
-            items = "".join(f"<li>{_inline_html(item)}</li>" for item in self.list_items)
-            start = f' start="{self.list_start}"' if self.list_kind == "ol" and self.list_start != 1 else ""
-            self.output.append(f"<{self.list_kind}{start}>{items}</{self.list_kind}>")
-            self.list_kind, self.list_items = None, []
-        if self.quote:
-            self.output.append(f"<blockquote><p>{_inline_html(' '.join(self.quote))}</p></blockquote>")
-            self.quote = []
-        if self.table:
-            self.output.append(self._table_html())
-            self.table = []
-
-    def _table_html(self) -> str:
-        header, *rows = self.table
-        head = "".join(f"<th>{_inline_html(cell)}</th>" for cell in header)
-        body = "".join("<tr>" + "".join(f"<td>{_inline_html(cell)}</td>" for cell in row) + "</tr>" for row in rows)
-        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-    def add_list_item(self, kind: str, text: str, start: int = 1) -> None:
-        if self.list_kind != kind:
-            self.flush()
-            self.list_kind, self.list_start = kind, start
-        self.list_items.append(text)
-
-    def convert(self, markdown: str) -> str:
-        lines = markdown.splitlines()
-        index = 0
-        while index < len(lines):
-            line = lines[index]
-            if _FENCE.match(line):
-                self.flush()
-                fence = _FENCE.match(line).group(1)  # type: ignore[union-attr]
-                code: list[str] = []
-                index += 1
-                while index < len(lines) and not lines[index].strip().startswith(fence):
-                    code.append(lines[index])
-                    index += 1
-                self.output.append(f"<pre><code>{_escape(chr(10).join(code))}</code></pre>")
+def _with_http_links_only(children: list[Token]) -> list[Token]:
+    """Inline tokens where a link to anything but http(s) is its label and its address as text, and an image is its
+    description linked to its picture (the export loads nothing); text in a link is marked so it links nothing."""
+    kept: list[Token] = []
+    unsafe_target: str | None = None
+    in_link = False
+    for child in children:
+        if child.type == "image":
+            source = str(child.attrs.get("src", ""))
+            url = safe_http_url(source)
+            description = _text_token(inline_text(child.children or []))
+            description.meta[_IN_LINK] = True
+            if in_link or unsafe_target is not None:  # a link's label: what it shows, no link of its own
+                kept.append(description)
+            elif url is None:
+                kept.extend([description, _text_token(f" ({source})")])
             else:
-                self._convert_line(line)
-            index += 1
-        self.flush()
-        return "\n".join(self.output)
-
-    def _convert_line(self, line: str) -> None:
-        if not line.strip():
-            self.flush()
-            return
-        if heading := _HEADING.match(line):
-            self.flush()
-            level = len(heading.group(1))
-            self.output.append(f"<h{level}>{_inline_html(heading.group(2))}</h{level}>")
-        elif _RULE.match(line):
-            self.flush()
-            self.output.append("<hr>")
-        elif bullet := _BULLET_ITEM.match(line):
-            self.add_list_item("ul", bullet.group(2))
-        elif numbered := _NUMBERED_ITEM.match(line):
-            self.add_list_item("ol", numbered.group(3), int(numbered.group(2)))
-        elif quote := _QUOTE.match(line):
-            if not self.quote:
-                self.flush()
-            self.quote.append(quote.group(1).strip())
-        elif _TABLE_ROW.match(line):
-            if not self.table:
-                self.flush()
-            if not _TABLE_SEPARATOR.match(line):
-                self.table.append([cell.strip() for cell in line.strip().strip("|").split("|")])
-        elif self.list_kind is not None and line[:1].isspace():
-            self.list_items[-1] += " " + line.strip()
+                kept.extend([Token("link_open", "a", 1, attrs={"href": url}), description, Token("link_close", "a", -1)])
+        elif child.type == "link_open":
+            target = str(child.attrs.get("href", ""))
+            url = safe_http_url(target)
+            if url is None:
+                unsafe_target = target
+            else:
+                child.attrs = {"href": url}
+                in_link = True
+                kept.append(child)
+        elif child.type == "link_close":
+            if unsafe_target is not None and child.markup != "autolink":
+                kept.append(_text_token(f" ({unsafe_target})"))
+            elif unsafe_target is None:
+                kept.append(child)
+            unsafe_target, in_link = None, False
         else:
-            if self.list_kind is not None or self.quote or self.table:
-                self.flush()
-            self.paragraph.append(line)
+            if in_link:
+                child.meta[_IN_LINK] = True
+            kept.append(child)
+    return kept
+
+
+class _ReportHtml(RendererHTML):
+    """markdown-it-py's HTML renderer with the report's rules: links open with no referrer and are not followed,
+    text links its bare URLs and `[n]` citations, code blocks name no language, and no white space is left between
+    tags but after each top-level block."""
+
+    def renderToken(self, tokens: Sequence[Token], idx: int, options: OptionsDict, env: EnvType) -> str:
+        token = tokens[idx]
+        rendered = super().renderToken(tokens, idx, options, env).strip("\n")
+        return rendered + "\n" if rendered and token.block and token.level == 0 and token.nesting != 1 else rendered
+
+    def link_open(self, tokens: Sequence[Token], idx: int, options: OptionsDict, env: EnvType) -> str:
+        return f'<a href="{_escape(str(tokens[idx].attrs["href"]))}" rel="noopener noreferrer nofollow">'
+
+    def text(self, tokens: Sequence[Token], idx: int, options: OptionsDict, env: EnvType) -> str:
+        token = tokens[idx]
+        return _escape(token.content) if token.meta.get(_IN_LINK) else _text_html(token.content)
+
+    def fence(self, tokens: Sequence[Token], idx: int, options: OptionsDict, env: EnvType) -> str:
+        token = tokens[idx]
+        code = f"<pre><code>{_escape(token.content.removesuffix(chr(10)))}</code></pre>"
+        return code + "\n" if token.level == 0 else code
+
+
+_REPORT_HTML = _ReportHtml()
 
 
 def markdown_to_html(markdown: str) -> str:
-    """A safe HTML fragment for the Markdown subset reports use; raw HTML is shown as text, only http(s) links."""
-    return _HtmlBuilder().convert(markdown)
+    """A safe HTML fragment of a report's Markdown (CommonMark with tables and strikethrough, by markdown-it-py): raw
+    HTML is shown as text, only http(s) links are links, and no image is loaded."""
+    tokens = read(markdown).tokens
+    for token in tokens:
+        if token.type == "inline" and token.children is not None:
+            token.children = _with_http_links_only(token.children)
+    return _REPORT_HTML.render(tokens, MARKDOWN.options, {}).rstrip("\n")
 
 
 def _html_cited_passages(passages: Sequence[CitedPassage]) -> str:

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import and_, func, or_, select, update
 
-from storage.db import Sessions, database_now, off_loop
+from storage.db import Sessions, changed_rows, database_now, off_loop
 from storage.leases import ADMITTED, RESUBMITTED, START_GRACE_SECONDS, RunTask
 from storage.models import Conversation, Message, Run
 from storage.vocabulary import ACTIVE_STATES, RunMode, RunOptions, RunState
@@ -86,7 +86,7 @@ def admitted_not_started(sessions: Sessions) -> list[RunTask]:
         rows = session.execute(select(Run.id, Run.mode, Run.celery_task_id).where(
             Run.state.in_(ACTIVE_STATES), Run.celery_task_id.is_not(None),
             Run.lease_owner.in_((ADMITTED, RESUBMITTED)))).all()
-    return [RunTask(run_id, mode, task_id) for run_id, mode, task_id in rows]
+    return [RunTask(run_id, mode, task_id) for run_id, mode, task_id in rows if task_id is not None]
 
 
 def back_to_queue(sessions: Sessions, unsent: Collection[tuple[int, str]]) -> None:
@@ -124,11 +124,11 @@ def queue_positions(sessions: Sessions, workspaces_of: Collection[int] | None = 
 def cancel_run(sessions: Sessions, run_id: int, by: str) -> CancelOutcome:
     """Cancel a queued run at once, or mark a running one as stopped by `by` on its row (its worker reads it)."""
     with sessions.begin() as session:
-        cancelled_queued = session.execute(
+        cancelled_queued = changed_rows(session.execute(
             update(Run).where(Run.id == run_id, Run.state == "queued")
             .values(state="cancelled", cancelled_by=by, finished_at=database_now(session), lease_owner=None,
                     lease_until=None)
-        ).rowcount
+        ))
         if cancelled_queued:
             return CancelOutcome("cancelled", dequeued=True)
         session.execute(update(Run).where(Run.id == run_id, Run.state == "running", Run.cancelled_by.is_(None))
@@ -142,7 +142,7 @@ def cancellers(sessions: Sessions, run_ids: Collection[int]) -> dict[int, str]:
     with sessions() as session:
         rows = session.execute(select(Run.id, Run.cancelled_by)
                                .where(Run.id.in_(list(run_ids)), Run.cancelled_by.is_not(None))).all()
-    return {run_id: by for run_id, by in rows}
+    return {run_id: by for run_id, by in rows if by is not None}
 
 
 def queue_run_in_own_conversation(sessions: Sessions, *, platform: str, workspace: str, channel: str, requester: str,

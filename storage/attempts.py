@@ -126,7 +126,7 @@ def start_attempt(sessions: Sessions, run_id: int, owner: str, lease_seconds: fl
             for model in (Citation, Passage, Source):
                 session.execute(delete(model).where(model.run_id == run_id))
         last_seq = session.scalar(select(func.max(Event.seq)).where(Event.run_id == run_id)) or 0
-        run = session.get(Run, run_id, options=[joinedload(Run.conversation)])  # the caller's log lines name it
+        run = session.get_one(Run, run_id, options=[joinedload(Run.conversation)])  # the caller's log lines name it
         session.expunge(run)
     return AttemptStart(run, last_seq + 1)
 

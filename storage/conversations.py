@@ -273,7 +273,7 @@ def listed_runs(sessions: Sessions, *, platform: str, workspace: str, channel: s
         return listed
 
 
-def _rows(session: Session, query: Select[tuple[Run, Conversation]], limit: int) -> list[RunRow]:
+def _rows(session: Session, query: Select[Run, Conversation], limit: int) -> list[RunRow]:
     return [RunRow(run, conversation) for run, conversation in session.execute(query.order_by(Run.id.desc()).limit(limit))]
 
 

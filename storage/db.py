@@ -16,9 +16,9 @@ import sqlite3
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, ParamSpec, TypeAlias, TypeVar
+from typing import Any, ParamSpec, Self, TypeAlias, TypeVar
 
-from sqlalchemy import Engine, create_engine, event, func, select, text
+from sqlalchemy import CursorResult, Engine, Result, create_engine, event, func, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as ConnectionPoolTimeout
@@ -85,12 +85,12 @@ def _writer_lock(database: str) -> threading.Lock:
 
 
 class _SerialisedWriterCursor(sqlite3.Cursor):
-    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
-        with self.connection._statement(sql):  # type: ignore[attr-defined]
+    def execute(self, sql: str, parameters: Any = (), /) -> Self:
+        with self.connection._statement(sql):  # type: ignore[attr-defined]  # made only by SerialisedWriterConnection
             return super().execute(sql, parameters)
 
-    def executemany(self, sql: str, parameters: Any, /) -> sqlite3.Cursor:
-        with self.connection._statement(sql):  # type: ignore[attr-defined]
+    def executemany(self, sql: str, parameters: Any, /) -> Self:
+        with self.connection._statement(sql):  # type: ignore[attr-defined]  # made only by SerialisedWriterConnection
             return super().executemany(sql, parameters)
 
 
@@ -113,6 +113,7 @@ class SerialisedWriterConnection(sqlite3.Connection):
         self._writer_lock = None if in_memory else _writer_lock(os.path.abspath(database))
         self._holds_writer_lock = False
 
+    # One signature for typeshed's two overloads: this connection's cursors are serialised unless asked otherwise.
     def cursor(self, factory: Any = _SerialisedWriterCursor) -> sqlite3.Cursor:  # type: ignore[override]
         return super().cursor(factory)
 
@@ -201,9 +202,20 @@ def database_now(session: Session) -> dt.datetime:
     Leases are written by one worker and judged by another; their own clocks may disagree.
     """
     if session.get_bind().dialect.name == "sqlite":
-        moment = session.scalar(text("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')"))
+        moment = session.execute(text("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')")).scalar_one()
         return dt.datetime.fromisoformat(moment).replace(tzinfo=dt.timezone.utc)
-    return session.scalar(select(func.now())).astimezone(dt.timezone.utc)
+    return session.execute(select(func.now())).scalar_one().astimezone(dt.timezone.utc)
+
+
+def changed_rows(result: Result[Any]) -> int:
+    """How many rows the UPDATE or DELETE that gave `result` changed; raises TypeError for a query's result.
+
+    `Session.execute` is typed to return a `Result` whatever the statement; an UPDATE's or DELETE's is a
+    `CursorResult`, which holds the count.
+    """
+    if not isinstance(result, CursorResult):
+        raise TypeError(f"{type(result).__name__} is not the result of an UPDATE or DELETE")
+    return result.rowcount
 
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:

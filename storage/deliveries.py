@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import select, update
 from sqlalchemy.orm import joinedload
 
-from storage.db import Sessions, database_now, off_loop
+from storage.db import Sessions, changed_rows, database_now, off_loop
 from storage.leases import holds_attempt
 from storage.models import Event, Run, utcnow
 from storage.vocabulary import DeliveredMessage
@@ -49,9 +49,9 @@ def delivered_messages(sessions: Sessions, run_id: int) -> list[DeliveredMessage
 def record_delivered(sessions: Sessions, run_id: int, attempt: int, delivered: list[DeliveredMessage]) -> bool:
     """Record `delivered` as the run's delivered messages unless a newer attempt owns it; whether it was recorded."""
     with sessions.begin() as session:
-        return bool(session.execute(
+        return bool(changed_rows(session.execute(
             update(Run).where(Run.id == run_id, Run.attempt == attempt).values(delivered_messages=delivered)
-        ).rowcount)
+        )))
 
 
 def may_stream_answer(sessions: Sessions, run_id: int, attempt: int) -> bool:

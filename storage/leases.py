@@ -14,7 +14,7 @@ from typing import NamedTuple
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from storage.db import Sessions, database_now, off_loop
+from storage.db import Sessions, changed_rows, database_now, off_loop
 from storage.models import Conversation, Run
 from storage.vocabulary import ACTIVE_STATES, TERMINAL_STATES, RunMode
 
@@ -58,10 +58,10 @@ def take_lease(sessions: Sessions, run_id: int, owner: str, lease_seconds: float
 def renew_lease(sessions: Sessions, run_id: int, attempt: int, owner: str, lease_seconds: float) -> bool:
     """Extend our lease; False when the run has passed to another attempt, been reaped, or ended."""
     with sessions.begin() as session:
-        return bool(session.execute(
+        return bool(changed_rows(session.execute(
             update(Run).where(Run.id == run_id, Run.attempt == attempt, Run.lease_owner == owner, Run.state == "running")
             .values(lease_until=database_now(session) + dt.timedelta(seconds=lease_seconds))
-        ).rowcount)
+        )))
 
 
 def holds_attempt(session: Session, run_id: int, attempt: int, *, lock: bool = False) -> bool:
@@ -97,11 +97,11 @@ def resubmit_expired(sessions: Sessions, now: dt.datetime | None = None) -> list
                 run.error = f"The run was interrupted {run.attempt} times (its workers stopped) and was given up."
                 continue
             task_id = uuid.uuid4().hex
-            claimed = session.execute(
+            claimed = changed_rows(session.execute(
                 update(Run).where(Run.id == run.id, Run.lease_until == run.lease_until)
                 .values(lease_owner=RESUBMITTED, lease_until=now + dt.timedelta(seconds=START_GRACE_SECONDS),
                         celery_task_id=task_id)
-            ).rowcount
+            ))
             if claimed:
                 resubmitted.append(RunTask(run.id, run.mode, task_id))
     return resubmitted
@@ -142,11 +142,11 @@ def claim_undelivered(sessions: Sessions, platforms: Collection[str], lease_seco
                    or_(Run.lease_until.is_(None), Run.lease_until < now))
             .order_by(Run.id).limit(20))
         for run in candidates:
-            if session.execute(
+            if changed_rows(session.execute(
                 update(Run).where(Run.id == run.id, Run.delivered_at.is_(None),
                                   or_(Run.lease_until.is_(None), Run.lease_until < now))
                 .values(lease_owner=DELIVERING, lease_until=now + dt.timedelta(seconds=lease_seconds))
-            ).rowcount:
+            )):
                 claimed.append(run.id)
     return claimed
 
@@ -155,12 +155,12 @@ def fail_unstartable(sessions: Sessions, run_id: int, reason: str, now: dt.datet
     """End a run that no worker here can start (nobody holds a live lease on it) as failed, with the reason."""
     with sessions.begin() as session:
         now = now or database_now(session)
-        return bool(session.execute(
+        return bool(changed_rows(session.execute(
             update(Run).where(Run.id == run_id, Run.state.in_(ACTIVE_STATES),
                               or_(Run.lease_until.is_(None), Run.lease_until < now,
                                   Run.lease_owner.in_((ADMITTED, RESUBMITTED))))
             .values(state="failed", error=reason, finished_at=now, lease_owner=None, lease_until=None)
-        ).rowcount)
+        )))
 
 
 arenew_lease = off_loop(renew_lease)

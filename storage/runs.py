@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
-from research.report import EXPORTERS, Report
+from research.report import EXPORTERS, ExportFormat, Report
 from storage.db import Sessions, off_loop
 from storage.feedback import FeedbackCounts, feedback_counts
 from storage.models import Run
 
 
-def export_run(sessions: Sessions, run_id: int, output_format: str) -> str | None:
+def export_run(sessions: Sessions, run_id: int, output_format: ExportFormat) -> str | None:
     """The run's report as md, html or json; None when it has none; raises LookupError when there is no such run."""
     with sessions() as session:
         run = session.get(Run, run_id)

@@ -267,7 +267,9 @@ class RedisCircuitBreaker:
         """The circuit's state for `key` as of now (an open circuit past its cool-down reads half-open; closed while Redis is unreachable)."""
         state = await self._fail_open("state", self._state(keys=[self._prefix + key],
                                                               args=[script_now(self._clock), self._cooldown_microseconds]))
-        return "closed" if state is None else cast(BreakerState, _as_text(state))
+        if not isinstance(state, (bytes, str)):  # None: Redis could not be reached
+            return "closed"
+        return cast(BreakerState, _as_text(state))
 
     async def allow(self, key: str) -> bool:
         """Allow calls while closed, and a single probe (across all processes) once an open circuit has cooled down;

@@ -14,22 +14,22 @@ RunMode = Literal["research", "plan", "chat", "followup"]
 ACTIVE_STATES: frozenset[RunState] = frozenset({"queued", "running"})
 TERMINAL_STATES: frozenset[RunState] = frozenset({"done", "failed", "cancelled", "timed_out"})
 
-RUN_STATES: frozenset[str] = frozenset(get_args(RunState))
-RUN_MODES: frozenset[str] = frozenset(get_args(RunMode))
+RUN_STATES: frozenset[RunState] = frozenset(get_args(RunState))
+RUN_MODES: frozenset[RunMode] = frozenset(get_args(RunMode))
 
 
 def run_state(value: str) -> RunState:
     """`value` (a database row's or a request's string) as a run state; raises ValueError for any other word."""
     if value not in RUN_STATES:
         raise ValueError(f"not a run state: {value!r}")
-    return value  # type: ignore[return-value]  # checked against get_args(RunState) just above
+    return value
 
 
 def run_mode(value: str) -> RunMode:
     """`value` (a database row's or a request's string) as a run mode; raises ValueError for any other word."""
     if value not in RUN_MODES:
         raise ValueError(f"not a run mode: {value!r}")
-    return value  # type: ignore[return-value]  # checked against get_args(RunMode) just above
+    return value
 
 
 class RunOptions(BaseModel):

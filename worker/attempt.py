@@ -151,6 +151,7 @@ class RunAttempt:
                 return None
 
             final_state: RunState
+            error: str | None  # the timeout or the Error event that ended the run; None when neither did
             if timed_out:
                 final_state, error = "timed_out", f"The run passed its hard deadline of {hard_deadline:g} s and was stopped."
                 report = engine.unfinished_report(state, reason="timed out")

@@ -126,8 +126,8 @@ class StatusEditor:
         task = self._wake_sender()
         if wait_seconds > 0:
             waiter = asyncio.create_task(self._attempted.wait())
-            # The bound runs on the editor's own sleep, so a test's clock can reach it.
-            bound = asyncio.create_task(self._sleep(wait_seconds))
+            # The bound runs on the editor's own sleep, so a test's clock can reach it (any awaitable: ensure_future).
+            bound = asyncio.ensure_future(self._sleep(wait_seconds))
             try:
                 await asyncio.wait((waiter, task, bound), return_when=asyncio.FIRST_COMPLETED)
             finally:

@@ -12,6 +12,7 @@ import contextvars
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from celery import Celery, signals
 from celery.worker.consumer import Consumer
@@ -23,6 +24,9 @@ from ops.log_context import RunLogContext, bind_run, unbind_run
 from ops.server import OpsServer, start_ops_server
 from storage.redis import broker_transport_options, celery_broker_url, resolve_redis_url
 from worker.queue import QUEUE_NAME
+
+if TYPE_CHECKING:
+    from worker.service import WorkerRuntime  # imported at run time only by runtime(), in the worker process
 
 logger = logging.getLogger(__name__)
 
@@ -111,10 +115,10 @@ def worker_settings() -> Settings:
 
 
 _runtime_lock = threading.Lock()
-_runtime = None
+_runtime: WorkerRuntime | None = None
 
 
-def runtime():  # type: ignore[no-untyped-def]
+def runtime() -> WorkerRuntime:
     """The worker process's runtime (database, Redis, CPU pool, messengers), made on first use."""
     global _runtime
     with _runtime_lock:

@@ -12,8 +12,12 @@ from research.engine import ResearchTools
 from research.fetch import FetchConfig
 from research.limits import CircuitBreaker, RateLimiter
 from research.llm import LLMClient, LLMConfig
+from research.models import PROVIDER_ORDER, ProviderName
 from research.netguard import OverrideResolver, Resolver, SystemResolver, parse_allow_list, parse_resolve_overrides
 from research.providers import SearchConfig
+
+# SEARCH_PROVIDERS' words, checked by the settings, as the provider names the router takes.
+_PROVIDER_NAMES: dict[str, ProviderName] = {name: name for name in PROVIDER_ORDER}
 
 
 def llm_config(settings: Settings) -> LLMConfig:
@@ -34,7 +38,8 @@ def llm_config(settings: Settings) -> LLMConfig:
 def search_config(settings: Settings) -> SearchConfig:
     """Providers, keys, base URLs and domain lists as the router wants them."""
     return SearchConfig(
-        providers=settings.search_providers if settings.search_providers != ["auto"] else "auto",
+        providers=([_PROVIDER_NAMES[name] for name in settings.search_providers]
+                   if settings.search_providers != ["auto"] else "auto"),
         fanout=settings.search_fanout,
         tavily_api_key=settings.secret("tavily_api_key"), tavily_base_url=settings.tavily_base_url,
         brave_api_key=settings.secret("brave_api_key"), brave_base_url=settings.brave_base_url,

@@ -33,7 +33,7 @@ from chat.console.messenger import ConsoleMessenger, print_unbroken, renderable_
 from chat.console.render import ConsoleRenderer
 from chat.history import mode_name
 from chat.state import RunProgress, progress_of_stored_run
-from research.report import Report
+from research.report import ExportFormat, Report
 from storage.answer_drafts import AnswerDraftReader
 from storage.conversations import ThreadKey, aload_run, athread_view
 from storage.db import Sessions
@@ -49,7 +49,7 @@ GREETING = ("deepthread — ask a question, or start with /research, /plan or /a
             "[bold]/quit[/] (or Ctrl-D) leaves.")
 HISTORY_LIMIT = 10
 RUNS_LIMIT = 20
-EXPORT_FORMATS = ("md", "html", "json")
+EXPORT_FORMATS: tuple[ExportFormat, ...] = ("md", "html", "json")
 # Workers beat every 2 s with a 6 s lifetime, so 5 s without one is not a beat missed in passing.
 NO_WORKER_GRACE_SECONDS = 5.0
 NO_WORKER = ("No worker is running, so this run waits in the queue. Start one with `deepthread worker` in another "

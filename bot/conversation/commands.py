@@ -42,6 +42,9 @@ _CONTINUE = re.compile(r"^\s*(?:continue|keep going|carry on)\s*[.!]*\s*$", re.I
 _HELP = re.compile(r"^\s*(?:help|\?)\s*$", re.IGNORECASE)
 _HISTORY = re.compile(r"^\s*history\s*[.!?]*\s*$", re.IGNORECASE)
 _EXPORT = re.compile(r"^\s*export(?:\s+(?:as\s+)?(md|markdown|html|json))?\s*[.!]*\s*$", re.IGNORECASE)
+# What each word that _MODE_PREFIX and _EXPORT admit asks for.
+_MODE_OF_PREFIX: dict[str, Mode] = {"research": "research", "plan": "plan", "ask": "chat"}
+_EXPORT_FORMAT_OF_WORD: dict[str, ExportFormat] = {"md": "md", "markdown": "md", "html": "html", "json": "json"}
 
 
 class UsageProblem(DeepthreadError):
@@ -69,8 +72,7 @@ def export_format(text: str) -> ExportFormat | None:
     match = _EXPORT.match(text)
     if not match:
         return None
-    word = (match.group(1) or "md").lower()
-    return "md" if word == "markdown" else word  # type: ignore[return-value]
+    return _EXPORT_FORMAT_OF_WORD[(match.group(1) or "md").lower()]
 
 
 def is_approval(text: str) -> bool:
@@ -100,8 +102,7 @@ def mode_prefix(text: str) -> tuple[Mode | None, str]:
     match = _MODE_PREFIX.match(text)
     if not match:
         return None, text
-    word = match.group(1).lower()
-    return ("chat" if word == "ask" else word), text[match.end():]  # type: ignore[return-value]
+    return _MODE_OF_PREFIX[match.group(1).lower()], text[match.end():]
 
 
 def parse_options(text: str) -> tuple[str, dict[str, Any]]:

@@ -15,7 +15,7 @@ import asyncio
 import dataclasses
 import inspect
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,6 +148,7 @@ class DiscordBot:
         for name in COMMANDS:
             self.tree.add_command(self._command(name))
         self.tree.add_command(self._history_command())
+        # discord.py runs this hook before connecting; set on its own Client (wrapped here) rather than a subclass.
         self.client.setup_hook = self._setup  # type: ignore[method-assign]
         self.client.event(self.on_ready)
         self.client.event(self.on_message)
@@ -159,6 +160,7 @@ class DiscordBot:
             async def callback(interaction: discord.Interaction, question: str) -> None:
                 await self.on_command(interaction, name, question)
         else:
+            # Two signatures on purpose: discord.py reads a command's options from its callback's parameters.
             async def callback(interaction: discord.Interaction, question: str, since: str | None = None,  # type: ignore[misc]
                                site: str | None = None, depth: Depth | None = None) -> None:
                 await self.on_command(interaction, name, command_text(question, since=since, site=site, depth=depth))
@@ -216,7 +218,8 @@ class DiscordBot:
         """Buttons (Stop, Retry, Continue, Export): acknowledge with a deferred update, then hand the click to the core."""
         if interaction.type is not discord.InteractionType.component or interaction.message is None:
             return
-        custom_id = str((interaction.data or {}).get("custom_id", ""))
+        data: Mapping[str, object] = interaction.data or {}  # a component's data, which carries its custom_id
+        custom_id = str(data.get("custom_id", ""))
         where = where_of(interaction.channel, guild_id=interaction.guild_id, channel_id=interaction.channel_id or 0)
         event = button_event(where, user_id=interaction.user.id, message_id=interaction.message.id, custom_id=custom_id)
         if event is None:

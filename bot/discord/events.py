@@ -61,7 +61,7 @@ def command_event(where: Where, *, user_id: int, name: str, text: str, interacti
     """The ChatEvent of `/research`, `/plan` or `/ask`; any other command (`/history`) goes as `/research` with its text."""
     command = name if name in COMMANDS else "research"
     return ChatEvent(platform=PLATFORM, workspace=where.workspace, channel=where.channel, thread=where.thread,
-                     user=qualified_user(user_id), kind="command", command=command, text=text,  # type: ignore[arg-type]
+                     user=qualified_user(user_id), kind="command", command=command, text=text,
                      event_id=str(interaction_id), channel_visibility=where.visibility)
 
 

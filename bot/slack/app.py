@@ -375,9 +375,9 @@ class SlackListeners:
 
     async def on_mention(self, body: dict[str, Any], client: AsyncWebClient, context: AsyncBoltContext) -> None:
         """`app_mention` (already acknowledged by bolt): with the thread so far when the mention is inside one."""
-        event = mention_event(body, context.bot_user_id)
-        send_private = ephemeral_sender(client, event, event.thread)
-        if (event := await self._where_the_bot_can_post(client, event, context.bot_user_id, send_private)) is None:
+        mention = mention_event(body, context.bot_user_id)
+        send_private = ephemeral_sender(client, mention, mention.thread)
+        if (event := await self._where_the_bot_can_post(client, mention, context.bot_user_id, send_private)) is None:
             return
         if event.thread:
             event = event.model_copy(update={"thread_history": await self._thread_history(client, event, context.bot_user_id)})

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import re
 
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.markdown import Markdown
@@ -20,6 +19,7 @@ from chat.render import ReportDelivery, with_person
 from chat.state import RunProgress
 from chat.status import counts_line, format_elapsed
 from chat.text import shortened, single_line
+from research.markdown import NEUTRAL_MARKUP
 from research.report import Report, render_markdown
 from storage.vocabulary import ACTIVE_STATES
 
@@ -116,22 +116,29 @@ class ConsoleRenderer:
         return Content(text="\n".join(_history_row(run) for run in runs), extra={"rich": _history_table(runs)})
 
 
-_NEUTRAL_INLINE = re.compile(r"\*\*(.+?)\*\*|`([^`]+)`")
+def _neutral_pieces(text: str) -> list[tuple[str, str | None]]:
+    """The neutral markup of a core reply read by markdown-it-py: its pieces of text, each with its rich style
+    ("bold", "cyan" for code, None); an emphasis mark other than `**` stays as it was typed."""
+    tokens = NEUTRAL_MARKUP.parseInline(text)
+    pieces: list[tuple[str, str | None]] = []
+    bold = 0
+    for token in tokens[0].children or [] if tokens else []:
+        if token.type in ("strong_open", "strong_close"):
+            bold += token.nesting
+        elif token.type == "code_inline":
+            pieces.append((token.content, "cyan"))
+        elif token.content or token.markup:
+            pieces.append((token.content or token.markup, "bold" if bold else None))
+    return pieces
 
 
 def _without_markers(text: str) -> str:
-    return _NEUTRAL_INLINE.sub(lambda match: match.group(1) or match.group(2), text)
+    return "".join(piece for piece, _ in _neutral_pieces(text))
 
 
 def _rich_markup(text: str) -> str:
     """Neutral `**bold**` and `code` as rich markup, everything else escaped."""
-    pieces, last = [], 0
-    for match in _NEUTRAL_INLINE.finditer(text):
-        pieces.append(escape(text[last:match.start()]))
-        pieces.append(f"[bold]{escape(match.group(1))}[/]" if match.group(1) else f"[cyan]{escape(match.group(2))}[/]")
-        last = match.end()
-    pieces.append(escape(text[last:]))
-    return "".join(pieces)
+    return "".join(f"[{style}]{escape(piece)}[/]" if style else escape(piece) for piece, style in _neutral_pieces(text))
 
 
 def _bare_user(user: str) -> str:

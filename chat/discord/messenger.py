@@ -176,6 +176,8 @@ def _retry_after(response: httpx.Response) -> tuple[float, bool]:
     body = body if isinstance(body, dict) else {}
     is_global = bool(body.get("global")) or response.headers.get("X-RateLimit-Global", "").lower() == "true"
     for value in (body.get("retry_after"), response.headers.get("Retry-After")):
+        if value is None:
+            continue
         try:
             return max(0.0, float(value)), is_global
         except (TypeError, ValueError):

@@ -35,7 +35,7 @@ from chat.text import (
     title_and_body,
     unchanged,
 )
-from research.markdown import FENCE, fenced_block, markdown_paragraphs
+from research.markdown import fenced_block, heading_level, is_atx, is_code_block, markdown_paragraphs, read
 from research.report import SNIPPET_LABEL, Report, ReportSource, render_markdown, stopped_line
 from storage.vocabulary import ACTIVE_STATES
 
@@ -58,8 +58,9 @@ BUTTON_PRIMARY, BUTTON_SECONDARY, BUTTON_DANGER = 1, 2, 4
 
 _MARKDOWN_SPECIALS = re.compile(r"([\\*_~`|>#\[\]()<-])")
 _DISCORD_USER_ID = re.compile(r"^\d{15,21}$")
-_HEADING = re.compile(r"^(\s{0,3})(#{4,6})\s+(.*?)\s*#*\s*$")
-_RULE = re.compile(r"^\s{0,3}([-*_])(?:\s*\1){2,}\s*$")
+RULE = "──────────"
+# Discord shows headings `#` to `###`; a deeper one is shown bold.
+_DEEPEST_HEADING = 3
 
 
 # --- markup ----------------------------------------------------------------------------------------
@@ -125,20 +126,24 @@ def thread_name(text: str) -> str:
 
 # --- reports -------------------------------------------------------------------------------------
 
-def _discord_line(line: str) -> str:
-    """Markdown Discord does not show, made into what it does: `####` headings bold, rules a line of dashes."""
-    if heading := _HEADING.match(line):
-        return f"{heading.group(1)}**{heading.group(3)}**"
-    if _RULE.match(line):
-        return "──────────"
-    return line
-
-
 def paragraph_to_discord(paragraph: str) -> str:
-    """One Markdown paragraph for Discord: fenced code as it is, other lines adjusted where Discord differs."""
-    if FENCE.match(paragraph):
+    """One Markdown paragraph for Discord: fenced code as it is, other lines adjusted where Discord differs (a
+    heading deeper than `###` bold, a rule, or the `---` under a heading, a line of `─`)."""
+    document = read(paragraph)
+    changed: dict[int, str] = {}
+    for index, token in enumerate(document.tokens):
+        if token.map is None:
+            continue
+        if token.type == "hr" and token.level == 0:
+            changed[token.map[0]] = RULE
+        elif token.type == "heading_open" and not is_atx(token) and token.markup == "-":
+            changed[token.map[1] - 1] = RULE
+        elif token.type == "heading_open" and heading_level(token) > _DEEPEST_HEADING and document.tokens[index + 1].content:
+            line = document.lines[token.map[0]]
+            changed[token.map[0]] = f"{line[:line.index('#')]}**{document.tokens[index + 1].content}**"
+    if not changed:
         return paragraph
-    return "\n".join(_discord_line(line) for line in paragraph.splitlines())
+    return "\n".join(changed.get(number, line) for number, line in enumerate(document.lines))
 
 
 def _split_code_block(paragraph: str, limit: int) -> list[str]:
@@ -155,7 +160,7 @@ def paragraph_pieces(paragraph: str, limit: int = CONTENT_LIMIT) -> list[str]:
     converted = paragraph_to_discord(paragraph)
     if len(converted) <= limit:
         return [converted]
-    if FENCE.match(paragraph):
+    if is_code_block(paragraph):
         return _split_code_block(paragraph, limit)
     # The conversion works line by line and escapes nothing, so the converted text can be split as it is.
     return split_source(converted, unchanged, limit)

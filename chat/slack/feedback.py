@@ -28,7 +28,7 @@ def parse_feedback_value(value: str) -> tuple[Verdict, int] | None:
     verdict, _, run = value.partition(":")
     if verdict not in VERDICTS or not run.isdigit():
         return None
-    return verdict, int(run)  # type: ignore[return-value]
+    return verdict, int(run)
 
 
 def feedback_block(run_id: int) -> dict[str, Any]:

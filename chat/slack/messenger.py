@@ -181,8 +181,9 @@ class SlackMessenger:
 
     async def _call(self, workspace: str, call: Callable[[AsyncWebClient], Awaitable[Result]]) -> Result:
         """`call` with the workspace's client; raises MessengerError as `_guarded` does, or when it is not installed."""
-        if self.workspaces is None:
+        if self.client is not None:
             return await _guarded(call(self.client))
+        assert self.workspaces is not None  # __init__ took exactly one of the two
         client = await self.workspaces.client_for(workspace)
         if client is None:
             raise MessengerError(NOT_INSTALLED)

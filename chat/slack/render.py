@@ -41,18 +41,31 @@ from chat.text import (
     title_and_body,
     unchanged,
 )
-from research.markdown import FENCE, fenced_block, markdown_paragraphs
+from markdown_it.token import Token
+
+from research.markdown import (
+    EVERY_LINK,
+    MARKDOWN,
+    Document,
+    closing,
+    fence_code,
+    fenced_block,
+    inline_lines,
+    inline_text,
+    is_code_block,
+    links,
+    markdown_paragraphs,
+    read,
+    replaced,
+)
 from research.report import (
-    AUTOLINK,
-    CODE_SPAN,
-    MARKDOWN_LINK,
     SNIPPET_LABEL,
     Report,
     ReportSource,
-    render_inline,
     render_markdown,
     safe_http_url,
     stopped_line,
+    url_pieces,
 )
 from storage.vocabulary import ACTIVE_STATES
 
@@ -122,56 +135,119 @@ MARKUP = Markup(escape=escape_text, bold=lambda escaped: f"*{escaped}*", mention
 
 # A bare URL ends at `|` too, which would split a Slack link.
 _BARE_URL = re.compile(r"\bhttps?://[^\s<>()\[\]\"'`|]+", re.IGNORECASE)
-_BOLD = re.compile(r"\*\*(?=\S)(.+?)(?<=\S)\*\*|__(?=\S)(.+?)(?<=\S)__")
-_ITALIC_STAR = re.compile(r"(?<![\w*])\*(?=[^\s*])(.+?)(?<=[^\s*])\*(?![\w*])")
-_STRIKE = re.compile(r"~~(?=\S)(.+?)(?<=\S)~~")
-_HEADING = re.compile(r"^\s{0,3}#{1,6}\s+(.*?)\s*#*\s*$")
-_RULE = re.compile(r"^\s{0,3}([-*_])(?:\s*\1){2,}\s*$")
-_BULLET = re.compile(r"^(\s*)[-*+]\s+(.*)$")
-_QUOTE = re.compile(r"^\s{0,3}>\s?(.*)$")
-_BOLD_MARK = "\x01"
+_MRKDWN_MARKS = {"strong": "*", "em": "_", "s": "~"}
+RULE = "──────────"
+
+
+def _text_mrkdwn(text: str) -> str:
+    return "".join(f"<{slack_link_url(url)}>" if url else escape_text(piece) for piece, url in url_pieces(text, _BARE_URL))
+
+
+def _link_mrkdwn(link_open: Token, label: list[Token]) -> str:
+    target = str(link_open.attrs.get("href") or link_open.attrs.get("src") or "")
+    if link_open.markup == "autolink":
+        url = safe_http_url(target)
+        return f"<{slack_link_url(url)}>" if url else escape_text(f"<{inline_text(label)}>")
+    return mrkdwn_link(target, inline_text(label))
+
+
+def _inline_mrkdwn(children: list[Token]) -> str:
+    """Inline tokens as escaped Slack mrkdwn: code, http(s) links, bold, italic and strikethrough."""
+    pieces: list[str] = []
+    index = 0
+    while index < len(children):
+        child = children[index]
+        mark = _MRKDWN_MARKS.get(child.type.removesuffix("_open").removesuffix("_close"))
+        if child.type == "text":
+            pieces.append(_text_mrkdwn(child.content))
+        elif child.type == "code_inline":
+            pieces.append(f"`{escape_text(child.content)}`")
+        elif child.type in ("softbreak", "hardbreak"):
+            pieces.append("\n")
+        elif mark is not None:
+            pieces.append(mark)
+        elif child.type == "image":
+            pieces.append(_link_mrkdwn(child, child.children or []))
+        elif child.type == "link_open":
+            end = closing(children, index)
+            pieces.append(_link_mrkdwn(child, children[index + 1:end]))
+            index = end
+        index += 1
+    return "".join(pieces)
 
 
 def inline_to_mrkdwn(text: str) -> str:
     """Markdown inline text as escaped Slack mrkdwn: code, http(s) links, bold, italic and strikethrough."""
-
-    def link(url: str, label: str | None) -> str:
-        return f"<{slack_link_url(url)}>" if label is None else f"<{slack_link_url(url)}|{label}>"
-
-    def emphasis(escaped: str) -> str:
-        # Bold is marked apart first: its `*` would otherwise be read as italic.
-        escaped = _BOLD.sub(lambda match: f"{_BOLD_MARK}{match.group(1) or match.group(2)}{_BOLD_MARK}", escaped)
-        escaped = _ITALIC_STAR.sub(lambda match: f"_{match.group(1)}_", escaped)
-        escaped = _STRIKE.sub(lambda match: f"~{match.group(1)}~", escaped)
-        return escaped.replace(_BOLD_MARK, "*")
-
-    return render_inline(text.replace(_BOLD_MARK, ""), escape=escape_text, code=lambda escaped: f"`{escaped}`",
-                         link=link, emphasis=emphasis, bare_url=_BARE_URL)
+    tokens = MARKDOWN.parseInline(text)
+    return _inline_mrkdwn(tokens[0].children or []) if tokens else ""
 
 
-def _code_block_to_mrkdwn(paragraph: str) -> str:
-    _, _, body = fenced_block(paragraph)
-    return "```\n" + escape_text("\n".join(body)) + "\n```"
+class _MrkdwnLines:
+    """A Markdown text as Slack mrkdwn line by line: each source line becomes one line (a fenced block one block),
+    with `•` for bullets, `>` for quotes, headings bold and rules a line."""
 
+    def __init__(self, document: Document) -> None:
+        self.document = document
+        self.written: dict[int, str | None] = {}  # None: the line is written with an earlier one
+        self.quoted = 0
+        self.item_marker: str | None = None  # for the first line of the list item just opened
 
-def _line_to_mrkdwn(line: str) -> str:
-    if heading := _HEADING.match(line):
-        return f"*{inline_to_mrkdwn(heading.group(1)).replace('*', '')}*"
-    if _RULE.match(line):
-        return "──────────"
-    if bullet := _BULLET.match(line):
-        return f"{bullet.group(1)}• {inline_to_mrkdwn(bullet.group(2))}"
-    if quote := _QUOTE.match(line):
-        # A raw `>` at the start of a line is Slack's quote syntax; it cannot form a mention without a `<`.
-        return f"> {inline_to_mrkdwn(quote.group(1))}"
-    return inline_to_mrkdwn(line.rstrip())
+    def text(self) -> str:
+        lines = self.document.lines
+        for index, token in enumerate(self.document.tokens):
+            self._read(index, token)
+        shown = [self.written.get(number, escape_text(line.rstrip()) if line.strip() else "")
+                 for number, line in enumerate(lines)]
+        return "\n".join(line for line in shown if line is not None)
+
+    def _prefix(self, number: int, *, first: bool) -> str:
+        line = self.document.lines[number]
+        if self.quoted:
+            # A raw `>` at the start of a line is Slack's quote syntax; it cannot form a mention without a `<`.
+            prefix = "> "
+        else:
+            prefix = line[:len(line) - len(line.lstrip(" \t"))]
+        if first and self.item_marker is not None:
+            prefix, self.item_marker = prefix + self.item_marker, None
+        return prefix
+
+    def _read(self, index: int, token: Token) -> None:
+        tokens, kind = self.document.tokens, token.type
+        if kind in ("blockquote_open", "blockquote_close"):
+            self.quoted += token.nesting
+        elif kind == "list_item_open":
+            self.item_marker = "• " if token.markup in ("-", "*", "+") else f"{token.info}{token.markup} "
+        elif token.map is None:
+            return
+        elif kind == "hr":
+            self.written[token.map[0]] = RULE
+        elif kind == "fence":
+            _, code = fence_code(token)
+            self._write_block(token.map, "```\n" + escape_text("\n".join(code)) + "\n```")
+        elif kind == "heading_open":
+            heading = _inline_mrkdwn(tokens[index + 1].children or []).replace("*", "").replace("\n", " ").strip()
+            self._write_block(token.map, self._prefix(token.map[0], first=True) + (f"*{heading}*" if heading else ""))
+        elif kind == "paragraph_open":
+            first, count = token.map[0], token.map[1] - token.map[0]
+            lines = inline_lines(tokens[index + 1].children or [])
+            for number in range(count):
+                # A code span or link written across lines leaves fewer lines than it took: its lines are one.
+                shown = lines[number:] if number == count - 1 else lines[number:number + 1]
+                self.written[first + number] = (self._prefix(first + number, first=number == 0)
+                                                + "\n".join(_inline_mrkdwn(line) for line in shown) if shown else None)
+        elif kind == "tr_open":
+            cells = [_inline_mrkdwn(tokens[position].children or []) for position in range(index, closing(tokens, index))
+                     if tokens[position].type == "inline"]
+            self.written[token.map[0]] = self._prefix(token.map[0], first=True) + "| " + " | ".join(cells) + " |"
+
+    def _write_block(self, lines: list[int], text: str) -> None:
+        self.written[lines[0]] = text
+        self.written.update({number: None for number in range(lines[0] + 1, lines[1])})
 
 
 def paragraph_to_mrkdwn(paragraph: str) -> str:
     """One Markdown paragraph (or fenced code block) as Slack mrkdwn, line breaks kept."""
-    if FENCE.match(paragraph):
-        return _code_block_to_mrkdwn(paragraph)
-    return "\n".join(_line_to_mrkdwn(line) for line in paragraph.splitlines())
+    return _MrkdwnLines(read(paragraph)).text()
 
 
 # --- Markdown for Slack's `markdown` block -----------------------------------------------------------
@@ -181,23 +257,28 @@ def _escape_markdown_label(text: str) -> str:
 
 
 def paragraph_to_slack_markdown(paragraph: str) -> str:
-    """One Markdown paragraph for a `markdown` block: `& < >` escaped as entities, only http(s) links kept as links."""
-    def markdown_link(match: re.Match[str]) -> str:
-        if safe_http_url(match.group(2)) is None:
+    """One Markdown paragraph for a `markdown` block: `& < >` escaped as entities, only http(s) links kept as links
+    (an autolink becomes its bare address: its `<` `>` would be escaped)."""
+    document = read(paragraph, EVERY_LINK)
+    edits: list[tuple[int, int, str]] = []
+    for link in links(document):
+        url = safe_http_url(link.target)
+        if link.span is None or link.label is None:
+            continue
+        if link.kind == "autolink":
+            if url is not None:
+                edits.append((link.span[0], link.span[1], document.source[link.label[0]:link.label[1]]))
+        elif url is None:
             # Escaped brackets keep the text as it was written without making it a link.
-            return "\\[" + match.group(1) + "\\]" + match.group(0)[len(match.group(1)) + 2:]
-        return match.group(0)
-
-    if not FENCE.match(paragraph):
-        paragraph = AUTOLINK.sub(lambda match: match.group(1), paragraph)
-        paragraph = MARKDOWN_LINK.sub(markdown_link, paragraph)
-    return escape_text(paragraph)
+            edits.extend([(link.label[0] - 1, link.label[0], "\\["), (link.label[1], link.label[1] + 1, "\\]")])
+    return escape_text(replaced(document.source, edits) if edits else paragraph)
 
 
 def _has_code_with_control_characters(markdown: str) -> bool:
     """Whether code spans or fences hold `& < >`, which a `markdown` block might show as entities."""
-    for paragraph in markdown_paragraphs(markdown):
-        code = paragraph if FENCE.match(paragraph) else " ".join(CODE_SPAN.findall(paragraph))
+    for token in read(markdown).tokens:
+        code = token.content if token.type == "fence" else " ".join(
+            child.content for child in token.children or [] if child.type == "code_inline")
         if any(character in code for character in "&<>"):
             return True
     return False
@@ -215,7 +296,7 @@ def _split_code_block(paragraph: str, limit: int) -> list[str]:
 
 def mrkdwn_pieces(paragraph: str, limit: int = SECTION_TEXT_LIMIT) -> list[str]:
     """One Markdown paragraph as mrkdwn pieces of at most `limit` characters; long ones cut at lines, sentences, words."""
-    if FENCE.match(paragraph):
+    if is_code_block(paragraph):
         whole = paragraph_to_mrkdwn(paragraph)
         return [whole] if len(whole) <= limit else _split_code_block(paragraph, limit)
     return _split(paragraph, paragraph_to_mrkdwn, limit)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from research.markdown import code_fences
+from research.markdown import code_lines, code_ranges, links, read, replaced
 
 _ID = r"[pP]\s?\d{1,6}"
 _NUMBER = r"\d{1,3}"  # four digits would be a year, not a citation
@@ -27,19 +27,18 @@ def _list_of(item: str) -> str:
 
 
 _ANY_ITEM = rf"(?:{_ID}|{_NUMBER})"
-_MARKDOWN_TARGET = r"(?:\((?:[^()\s]|\([^()\s]*\))*\))?"
-# One marker: bracketed ids or numbers (optionally footnote-style, labelled, or a link), parenthesised ids,
-# or anything in lenticular brackets (【4†source】 included).
+# One marker: bracketed ids or numbers (optionally footnote-style or labelled), parenthesised ids, or anything in
+# lenticular brackets (【4†source】 included). A marker written as a link (`[p3](https://…)`) is read from the link.
 _MARKER = re.compile(
-    rf"(?<![\w\\])\[\^?\s*{_LABEL}?(?P<bracket>{_list_of(_ANY_ITEM)})\s*\]{_MARKDOWN_TARGET}"
+    rf"(?<![\w\\])\[\^?\s*{_LABEL}?(?P<bracket>{_list_of(_ANY_ITEM)})\s*\]"
     rf"|\(\s*{_LABEL}?(?P<paren>{_list_of(_ID)})\s*\)"
     rf"|【(?P<lenticular>[^】\n]*)】",
     re.IGNORECASE,
 )
 _ITEM = re.compile(rf"(?P<id>{_ID})|(?P<number>{_NUMBER})", re.IGNORECASE)
 _RANGE = re.compile(rf"(?P<first>{_ANY_ITEM}){_RANGE_SEPARATOR}(?P<last>{_ANY_ITEM})", re.IGNORECASE)
+# Footnotes are not CommonMark (markdown-it-py reads them only with a plugin): a definition is a line of its own.
 _FOOTNOTE_DEFINITION = re.compile(r"^\s{0,3}\[\^[^\]\n]+\]:.*$")
-_CODE_SPAN = re.compile(r"(`+)(?:(?!\1).)+?\1")
 LONGEST_RANGE = 20
 
 
@@ -85,30 +84,34 @@ class CitationReader:
             return [start, end]
         return [f"p{number}" for number in range(low, high + 1)]
 
-    def rewrite_line(self, line: str) -> str:
-        """`line` with every citation marker outside code spans rewritten as one `[pN, pM]` run."""
-        pieces, position = [], 0
-        for span in _CODE_SPAN.finditer(line):
-            pieces.append(self._rewrite_prose(line[position:span.start()]))
-            pieces.append(span.group(0))
-            position = span.end()
-        pieces.append(self._rewrite_prose(line[position:]))
-        return "".join(pieces)
+    def rewrite_prose(self, text: str) -> str:
+        """`text` (prose, no code in it) with every citation marker on each line rewritten as one `[pN, pM]` run."""
+        return "\n".join(_MARKER.sub(self._canonical, line) for line in text.split("\n"))
 
-    def _rewrite_prose(self, text: str) -> str:
-        def canonical(marker: re.Match[str]) -> str:
-            inside = marker.group("bracket") or marker.group("paren") or marker.group("lenticular") or ""
-            ids = self.ids_in(inside)
-            return f"[{', '.join(ids)}]" if ids else ""
+    def canonical(self, marker_text: str) -> str | None:
+        """A whole marker (`[p3, 4]`) as one `[pN, pM]` run ("" when it names nothing), or None for other text."""
+        marker = _MARKER.fullmatch(marker_text)
+        return self._canonical(marker) if marker is not None else None
 
-        return _MARKER.sub(canonical, text)
+    def _canonical(self, marker: re.Match[str]) -> str:
+        inside = marker.group("bracket") or marker.group("paren") or marker.group("lenticular") or ""
+        ids = self.ids_in(inside)
+        return f"[{', '.join(ids)}]" if ids else ""
 
 
 def normalise_citations(markdown: str, shown_ids: Sequence[str]) -> str:
-    """`markdown` with every citation spelling rewritten as `[pN]` runs and footnote definitions removed."""
+    """`markdown` with every citation spelling rewritten as `[pN]` runs and footnote definitions removed; code (as
+    markdown-it-py reads it) is left as it is."""
     reader = CitationReader(shown_ids)
-    lines = markdown.splitlines()
-    kept = [line if fence is not None else reader.rewrite_line(line)
-            for line, fence in zip(lines, code_fences(lines))
-            if fence is not None or not _FOOTNOTE_DEFINITION.match(line)]
-    return "\n".join(kept)
+    document = read(markdown)
+    in_code = code_lines(document)
+    if any(number not in in_code and _FOOTNOTE_DEFINITION.match(line) for number, line in enumerate(document.lines)):
+        kept = [line for number, line in enumerate(document.lines)
+                if number in in_code or not _FOOTNOTE_DEFINITION.match(line)]
+        document = read("\n".join(kept))
+    source = document.source
+    unchanged = [(start, end, source[start:end]) for start, end in code_ranges(document)]
+    as_links = [(link.span[0], link.span[1], canonical) for link in links(document)
+                if link.kind == "link" and link.span is not None and link.label is not None
+                if (canonical := reader.canonical(f"[{source[link.label[0]:link.label[1]]}]")) is not None]
+    return replaced(source, unchanged + as_links, reader.rewrite_prose)

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import re
 
-from research.markdown import markdown_paragraphs
+from markdown_it.token import Token
+
+from research.markdown import bold_line_text, heading_level, inline_lines, inline_text, is_atx, markdown_paragraphs, read
 from research.llm import strip_reasoning
 
-_FENCED_REPORT = re.compile(r"(?P<fence>```|~~~)[ \t]*(?:markdown|md|text)?[ \t]*\n(?P<body>.*?)\n[ \t]*(?P=fence)[ \t]*(?:\n|$)",
-                            re.DOTALL | re.IGNORECASE)
+# A fence around a report names no language, or one a report is written in.
+_REPORT_LANGUAGES = frozenset({"", "markdown", "md", "text"})
 # A fenced part this large a share of the answer is the report, and the rest is chatter around it.
 REPORT_SHARE_OF_ANSWER = 0.6
 FRAMING_MAX_CHARS = 400
@@ -28,8 +30,6 @@ _FRAMING_CLOSERS = re.compile(
     r"if you (?:have|need|would like|want)|would you like me to|do you want me to|is there anything else)\b",
     re.IGNORECASE)
 _CITATION_LIKE = re.compile(r"\[[^\]\n]*\d[^\]\n]*\]|【|\(\s*p\d+", re.IGNORECASE)
-_HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(?P<text>.*?)\s*#*\s*$")
-_BOLD_LINE = re.compile(r"^\s*(\*\*|__)(?P<text>[^*_\n]+?)(\1)\s*:?\s*$")
 _SOURCES_TITLE = re.compile(
     r"^(?:sources?|references?|bibliography|works cited|citations?|source list|sources used|reference list|"
     r"further reading)\s*:?$", re.IGNORECASE)
@@ -47,22 +47,53 @@ def normalise_answer(answer: str) -> str:
 def unwrap_fenced_report(text: str) -> str:
     """The inside of a Markdown fence that holds the report (the whole answer, or most of it amid chatter)."""
     stripped = text.strip()
-    for fenced in _FENCED_REPORT.finditer(stripped):
-        body = fenced.group("body")
-        if fenced.start() == 0 and fenced.end() >= len(stripped.rstrip()):
-            return body
-        if len(body) >= REPORT_SHARE_OF_ANSWER * len(stripped):
+    document = read(stripped)
+    for token in document.tokens:
+        if token.type != "fence" or token.map is None or token.info.strip().lower() not in _REPORT_LANGUAGES:
+            continue
+        body = token.content.removesuffix("\n")
+        whole = token.level == 0 and token.map == [0, len(document.lines)]
+        if whole or len(body) >= REPORT_SHARE_OF_ANSWER * len(stripped):
             return body
     return text
 
 
-def _is_heading(line: str) -> bool:
-    return bool(_HEADING.match(line) or _BOLD_LINE.match(line))
+def _titles(tokens: list[Token]) -> list[tuple[int, int, str]]:
+    """The section titles of a text outside lists and quotes, in order: each heading (its level) and each line in
+    bold alone (level 7, ended by any heading), with its first source line and its text."""
+    found: list[tuple[int, int, str]] = []
+    for index, token in enumerate(tokens):
+        if token.level != 0 or token.map is None:
+            continue
+        inline = tokens[index + 1] if index + 1 < len(tokens) else None
+        if token.type == "heading_open" and inline is not None:
+            found.append((token.map[0], heading_level(token), inline_text(inline.children or [])))
+        elif token.type == "paragraph_open" and inline is not None:
+            lines = inline_lines(inline.children or [])
+            for number, line in enumerate(lines[:token.map[1] - token.map[0]]):
+                title = bold_line_text(line)
+                plain = inline_text(line)
+                if title is not None:
+                    found.append((token.map[0] + number, 7, title))
+                elif _PLAIN_SOURCES_LINE.match(plain):
+                    found.append((token.map[0] + number, 7, plain))
+    return found
+
+
+def _starts_with_title(paragraph: str) -> bool:
+    """Whether a paragraph opens with a heading or a line in bold alone."""
+    tokens = read(paragraph).tokens
+    if not tokens:
+        return False
+    if tokens[0].type == "heading_open":
+        return True
+    lines = inline_lines(tokens[1].children or []) if tokens[0].type == "paragraph_open" else []
+    return bool(lines) and bold_line_text(lines[0]) is not None
 
 
 def _is_framing(paragraph: str, closers: bool) -> bool:
     text = paragraph.strip()
-    if len(text) > FRAMING_MAX_CHARS or _CITATION_LIKE.search(text) or _is_heading(text.splitlines()[0]):
+    if len(text) > FRAMING_MAX_CHARS or _CITATION_LIKE.search(text) or _starts_with_title(text):
         return False
     if closers:
         return bool(_FRAMING_CLOSERS.search(text))
@@ -79,30 +110,25 @@ def drop_framing(text: str) -> str:
     return "\n\n".join(paragraphs)
 
 
-def _title_text(line: str) -> str | None:
-    """The text of a heading or a line in bold alone, else None."""
-    found = _HEADING.match(line) or _BOLD_LINE.match(line)
-    return found.group("text").strip().rstrip(":").strip() if found else None
-
-
 def drop_own_source_list(text: str) -> str:
     """`text` without the model's own "Sources"/"References" sections (their title and the lines under it)."""
-    lines = text.splitlines()
+    document = read(text)
+    headings = {token.map[0]: heading_level(token) for token in document.tokens
+                if token.type == "heading_open" and token.level == 0 and token.map is not None}
+    source_titles = {line: level for line, level, title in _titles(document.tokens)
+                     if _SOURCES_TITLE.match(title.strip().rstrip(":").strip()) or _PLAIN_SOURCES_LINE.match(title)}
+    if not source_titles:
+        return text
     kept: list[str] = []
-    skipping_level: int | None = None
-    for line in lines:
-        title = _title_text(line)
-        heading = _HEADING.match(line)
-        level = len(heading.group(1)) if heading else 7  # a bold or plain title line ends at any heading
-        if title is not None and _SOURCES_TITLE.match(title) or _PLAIN_SOURCES_LINE.match(line):
-            skipping_level = level
+    skipping_level: int | None = None  # a bold or plain title line (7) ends at any heading
+    for number, line in enumerate(document.lines):
+        if number in source_titles:
+            skipping_level = source_titles[number]
             continue
-        if skipping_level is not None:
-            if heading and len(heading.group(1)) <= skipping_level or (heading and skipping_level == 7):
-                skipping_level = None
-            else:
-                continue
-        kept.append(line)
+        if skipping_level is not None and number in headings and headings[number] <= skipping_level:
+            skipping_level = None
+        if skipping_level is None:
+            kept.append(line)
     return "\n".join(kept)
 
 
@@ -112,14 +138,21 @@ def _comparable(text: str) -> str:
 
 def drop_second_title(text: str) -> str:
     """The report with one title: a heading or bold line right under its `# ` title that restates it is dropped."""
-    lines = text.strip("\n").splitlines()
-    first = next((index for index, line in enumerate(lines) if line.strip()), None)
-    heading = _HEADING.match(lines[first]) if first is not None else None
-    if first is None or heading is None or len(heading.group(1)) != 1:
+    document = read(text.strip("\n"))
+    tokens = document.tokens
+    if not tokens or tokens[0].type != "heading_open" or tokens[0].tag != "h1" or not is_atx(tokens[0]):
         return text
-    title = _comparable(heading.group("text"))
-    following = next((index for index in range(first + 1, len(lines)) if lines[index].strip()), None)
-    second = _title_text(lines[following]) if following is not None else None
-    if following is not None and second is not None and (_comparable(second) in title or title in _comparable(second)):
-        del lines[following]
+    title = _comparable(inline_text(tokens[1].children or []))
+    following = next((index for index in range(3, len(tokens)) if tokens[index].level == 0), len(tokens))
+    opening = tokens[following] if following < len(tokens) else None
+    if opening is None or opening.map is None:
+        return "\n".join(document.lines)
+    second: str | None = None
+    if opening.type == "heading_open" and is_atx(opening):
+        second = inline_text(tokens[following + 1].children or [])
+    elif opening.type == "paragraph_open":
+        second = bold_line_text(inline_lines(tokens[following + 1].children or [])[0])
+    lines = list(document.lines)
+    if second is not None and (_comparable(second) in title or title in _comparable(second)):
+        del lines[opening.map[0]]
     return "\n".join(lines)

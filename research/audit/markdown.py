@@ -1,74 +1,149 @@
-"""The draft's Markdown as blocks: prose and table rows to audit, headings, table header rows, fenced code, and
-verbatim parts (blank lines, rules, table delimiter rows)."""
+"""The draft's Markdown as blocks, read from markdown-it-py's tokens: prose and table rows to audit, headings, table
+header rows, fenced code, and verbatim parts (blank lines, rules, table delimiter rows, a heading's underline)."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Literal
 
-from research.markdown import FENCE, closes_fence
+from markdown_it.token import Token
+
+from research.markdown import Document, bold_line_text, closing, inline_lines, is_atx, read
 
 BlockKind = Literal["verbatim", "prose", "heading", "table", "table_header", "code"]
-
-_HEADING = re.compile(r"^(\s{0,3}#{1,6}\s+)(.*)$")
-_RULE = re.compile(r"^\s{0,3}([-*_])(?:\s*\1){2,}\s*$")
-_LIST_ITEM = re.compile(r"^(\s*(?:[-*+]|\d{1,9}[.)])\s+)(.*)$")
-_QUOTE = re.compile(r"^(\s{0,3}>\s?)(.*)$")
-_TABLE_ROW = re.compile(r"^\s*\|")
-# A line in bold alone is a section title, as a heading is, and no claim.
-_BOLD_LINE = re.compile(r"^\s*(\*\*|__)[^*_\n]+\1\s*:?\s*$")
-_TABLE_SEPARATOR = re.compile(r"^\s*\|?\s*:?-{2,}:?\s*(\|\s*:?-{2,}:?\s*)*\|?\s*$")
 
 
 @dataclass
 class Block:
-    """A run of draft lines: `prefix` (list marker, `#`s, `>`) is kept as is, `content` is audited."""
+    """A run of draft lines: `prefix` (list marker, `#`s, `>`) is kept as is, `content` is audited. `list_depth`
+    counts the list items the block is in; `opens_item` says that it is the first line of one."""
 
     kind: BlockKind
     content: str
     prefix: str = ""
+    list_depth: int = 0
+    opens_item: bool = False
 
 
 def split_blocks(markdown: str) -> list[Block]:
     """The draft as blocks whose joined text (by newlines) is the draft again."""
+    document = read(markdown)
+    placed = sorted(_read_blocks(document), key=lambda entry: entry[0])
     blocks: list[Block] = []
-    lines = markdown.splitlines()
-    index = 0
-    while index < len(lines):
-        line = lines[index]
-        if FENCE.match(line):
-            fence = FENCE.match(line).group(1)  # type: ignore[union-attr]
-            end = index + 1
-            while end < len(lines) and not closes_fence(lines[end], fence):
-                end += 1
-            blocks.append(Block("code", "\n".join(lines[index:end + 1])))
-            index = end + 1
+    line = 0
+    for first, end, block in placed:
+        if first < line:
             continue
-        if not line.strip() or _RULE.match(line) or (_TABLE_ROW.match(line) and _TABLE_SEPARATOR.match(line)):
-            blocks.append(Block("verbatim", line))
-        elif heading := _HEADING.match(line):
-            blocks.append(Block("heading", heading.group(2), heading.group(1)))
-        elif _BOLD_LINE.match(line):
-            blocks.append(Block("heading", line))
-        elif _TABLE_ROW.match(line):
-            blocks.append(Block("table_header" if _precedes_delimiter_row(lines, index) else "table", line))
-        elif item := _LIST_ITEM.match(line):
-            content = [item.group(2)]
-            while index + 1 < len(lines) and _is_continuation(lines[index + 1]):
-                index += 1
-                content.append(lines[index])
-            blocks.append(Block("prose", "\n".join(content), item.group(1)))
-        elif quote := _QUOTE.match(line):
-            blocks.append(Block("prose", quote.group(2), quote.group(1)))
-        else:
-            content = [line]
-            while index + 1 < len(lines) and _is_paragraph_line(lines[index + 1]):
-                index += 1
-                content.append(lines[index])
-            blocks.append(Block("prose", "\n".join(content)))
-        index += 1
+        blocks.extend(_unread_line(text) for text in document.lines[line:first])
+        blocks.append(block)
+        line = end
+    blocks.extend(_unread_line(text) for text in document.lines[line:])
     return blocks
+
+
+def _unread_line(line: str) -> Block:
+    """A line that no block holds: blank, or text the parser keeps to itself (a link definition, a lone `>`),
+    audited as prose as the reader of raw Markdown sees it."""
+    return Block("prose" if line.strip() else "verbatim", line)
+
+
+def _read_blocks(document: Document) -> list[tuple[int, int, Block]]:
+    """The blocks of every leaf the parser found, each with its first source line and the line after it."""
+    placed: list[tuple[int, int, Block]] = []
+    tokens, lines = document.tokens, document.lines
+    depth, item_line = 0, -1
+    for index, token in enumerate(tokens):
+        if token.type in ("list_item_open", "list_item_close"):
+            depth += token.nesting
+            item_line = token.map[0] if token.map is not None else -1
+            continue
+        if token.map is None or token.type not in ("fence", "hr", "heading_open", "paragraph_open", "table_open"):
+            continue
+        first, end = token.map
+        opens_item, item_line = first == item_line, -1
+        if token.type == "fence":
+            placed.append((first, end, Block("code", "\n".join(lines[first:end]))))
+        elif token.type == "hr":
+            placed.extend((number, number + 1, Block("verbatim", lines[number])) for number in range(first, end))
+        elif token.type == "heading_open":
+            placed.extend(_heading_blocks(document, token, tokens[index + 1], depth, opens_item))
+        elif token.type == "paragraph_open":
+            placed.extend(_paragraph_blocks(document, tokens[index + 1], depth, opens_item))
+        else:
+            placed.extend(_table_blocks(document, tokens[index:closing(tokens, index) + 1]))
+    return placed
+
+
+def _heading_blocks(document: Document, heading: Token, inline: Token, depth: int,
+                    opens_item: bool) -> list[tuple[int, int, Block]]:
+    """A heading's text as a heading block (its `#`s in the prefix); a `===` or `---` under it verbatim."""
+    assert heading.map is not None
+    first, end = heading.map
+    text_end = end if is_atx(heading) else end - 1
+    columns = document.line_columns(inline)
+    column = columns[0] if columns is not None and inline.content else len(document.lines[first])
+    line = document.lines[first]
+    content = "\n".join([line[column:], *document.lines[first + 1:text_end]])
+    placed = [(first, text_end, Block("heading", content, line[:column], depth, opens_item))]
+    placed.extend((number, number + 1, Block("verbatim", document.lines[number])) for number in range(text_end, end))
+    return placed
+
+
+def _paragraph_blocks(document: Document, inline: Token, depth: int,
+                      opens_item: bool) -> list[tuple[int, int, Block]]:
+    """A paragraph as prose blocks: a new block at each line that has its own `>`, the other lines joining the one
+    before as they are written; a line in bold alone at the start of a block is a section title, as a heading is."""
+    assert inline.map is not None
+    first, end = inline.map
+    lines = document.lines
+    columns = document.line_columns(inline)
+    if columns is None or len(columns) != end - first:  # text the parser wrote otherwise: its lines as they are
+        return [(first, end, Block("prose", "\n".join(lines[first:end]), "", depth, opens_item))]
+    breaks = inline_lines(inline.children or [])
+    bold_lines = len(breaks) == end - first  # a code span across lines leaves fewer lines than were written
+    placed: list[tuple[int, int, Block]] = []
+    current: list[str] = []
+    current_first, prefix = first, ""
+    for number in range(first, end):
+        line, column = lines[number], columns[number - first]
+        line_prefix = line[:column]
+        if current and not line_prefix.strip():
+            current.append(line)
+            continue
+        if current:
+            placed.append((current_first, number, Block("prose", "\n".join(current), prefix, depth,
+                                                        opens_item and current_first == first)))
+            current = []
+        if not line_prefix.strip() and (bold_lines or number == first) and bold_line_text(breaks[number - first]):
+            placed.append((number, number + 1, Block("heading", line, "", depth, opens_item and number == first)))
+            continue
+        current, current_first, prefix = [line[column:]], number, line_prefix
+    if current:
+        placed.append((current_first, end, Block("prose", "\n".join(current), prefix, depth,
+                                                 opens_item and current_first == first)))
+    return placed
+
+
+def _table_blocks(document: Document, table: list[Token]) -> list[tuple[int, int, Block]]:
+    """A table's rows, each one block (the header row apart), and its delimiter row verbatim."""
+    assert table[0].map is not None
+    placed: list[tuple[int, int, Block]] = []
+    rows: set[int] = set()
+    in_head = False
+    for token in table:
+        if token.type in ("thead_open", "thead_close"):
+            in_head = token.type == "thead_open"
+        elif token.type == "tr_open" and token.map is not None:
+            number = token.map[0]
+            rows.add(number)
+            line = document.lines[number]
+            # A quoted table keeps its `>` apart; elsewhere the row is audited whole, as it is written.
+            quote = line[:len(line) - len(line.lstrip(" \t>"))]
+            prefix = quote if ">" in quote else ""
+            placed.append((number, number + 1, Block("table_header" if in_head else "table", line[len(prefix):], prefix)))
+    placed.extend((number, number + 1, Block("verbatim", document.lines[number]))
+                  for number in range(*table[0].map) if number not in rows)
+    return placed
 
 
 def leads_into(block: Block, following: Block | None) -> bool:
@@ -78,31 +153,6 @@ def leads_into(block: Block, following: Block | None) -> bool:
         return False
     if following.kind != "prose":
         return True
-    if not _is_list_item(following):
+    if not following.opens_item:
         return bool(following.prefix.strip())  # a quote; a plain paragraph is introduced by nothing
-    return not _is_list_item(block) or _indent(following.prefix) > _indent(block.prefix)
-
-
-def _is_list_item(block: Block) -> bool:
-    return block.kind == "prose" and _LIST_ITEM.match(block.prefix + "x") is not None
-
-
-def _indent(prefix: str) -> int:
-    return len(prefix) - len(prefix.lstrip())
-
-
-def _precedes_delimiter_row(lines: list[str], index: int) -> bool:
-    following = lines[index + 1] if index + 1 < len(lines) else ""
-    return "|" in following and bool(_TABLE_SEPARATOR.match(following))
-
-
-def _is_paragraph_line(line: str) -> bool:
-    return bool(line.strip()) and not any(
-        pattern.match(line) for pattern in (FENCE, _HEADING, _RULE, _LIST_ITEM, _QUOTE, _TABLE_ROW)
-    )
-
-
-def _is_continuation(line: str) -> bool:
-    return line[:1].isspace() and _is_paragraph_line(line)
-
-
+    return not block.opens_item or following.list_depth > block.list_depth

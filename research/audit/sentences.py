@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass, field
 
 from research.audit.markdown import BlockKind
+from research.markdown import MARKDOWN, inline_text
 
 
 CITE_GROUP = r"\[\s*p\d+(?:\s*[,;]\s*p\d+)*\s*\]"
@@ -92,18 +93,18 @@ def parse_segments(sentence: str) -> list[Segment]:
     return segments
 
 
-_MARKDOWN_LINK = re.compile(r"\[([^\[\]\n]+)\]\([^()\s]*(?:\([^()\s]*\)[^()\s]*)*\)")
 _BARE_URL = re.compile(r"https?://\S+", re.IGNORECASE)
-_EMPHASIS = re.compile(r"[*_`]+")
+# Marks a sentence cut out of its emphasis still has (`**It doubled.` of `**Solar grew. It doubled.**`) are no words.
+_MARK_CHARACTERS = re.compile(r"[*_`]+")
 CITE_RUN_WITH_SPACE = re.compile(r"\s*" + CITE_RUN.pattern, re.IGNORECASE)
 
 
 def plain_text(markdown: str) -> str:
     """Text as a reader sees it: cites, link targets, URLs and emphasis marks removed, spaces collapsed."""
-    text = CITE_RUN_WITH_SPACE.sub("", markdown)
-    text = _MARKDOWN_LINK.sub(r"\1", text)
+    tokens = MARKDOWN.parseInline(CITE_RUN_WITH_SPACE.sub("", markdown))
+    text = inline_text(tokens[0].children or []) if tokens else ""
     text = _BARE_URL.sub(" ", text)
-    text = _EMPHASIS.sub("", text)
+    text = _MARK_CHARACTERS.sub("", text)
     return " ".join(text.split())
 
 

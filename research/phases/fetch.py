@@ -1,12 +1,20 @@
-"""Fetch: the chosen sources concurrently through the safe fetcher; every outcome recorded, none fatal."""
+"""Fetch: the chosen sources concurrently through the run's fetcher; every outcome recorded, none fatal."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
-from research.fetch import SafeFetcher
 from research.models import FetchResult, SearchResult
+
+
+class PageFetcher(Protocol):
+    """What the phase needs of a fetcher: research.fetch.SafeFetcher, or the FallbackFetcher a run wraps it in."""
+
+    async def fetch(self, url: str) -> FetchResult:
+        """The recorded outcome of fetching `url`: a problem with the page is an outcome, not an exception."""
+        ...
 
 
 def choose_sources(sources: list[SearchResult], *, already_fetched: set[str], limit: int) -> list[SearchResult]:
@@ -17,7 +25,7 @@ def choose_sources(sources: list[SearchResult], *, already_fetched: set[str], li
 async def fetch_sources(
     sources: list[SearchResult],
     *,
-    fetcher: SafeFetcher,
+    fetcher: PageFetcher,
     on_fetched: Callable[[SearchResult, FetchResult], Awaitable[None]],
 ) -> dict[str, FetchResult]:
     """Fetch every source at once (the fetcher bounds concurrency overall and per host)."""

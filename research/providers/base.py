@@ -353,7 +353,7 @@ class ResponseRecordingClient(httpx.AsyncClient):
         super().__init__(transport=_NoTransport(), trust_env=False)
         self._inner = inner
 
-    async def send(self, request: httpx.Request, **kwargs: Any) -> httpx.Response:  # type: ignore[override]
+    async def send(self, request: httpx.Request, **kwargs: Any) -> httpx.Response:
         response = await self._inner.send(request, **kwargs)
         _last_response.set(response)
         return response

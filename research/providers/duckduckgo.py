@@ -11,6 +11,8 @@ from research.models import ProviderName, SearchQuery, SearchResult
 from research.providers.base import SearchProviderError, build_results, query_with_exclusions
 
 TimeLimit = Literal["d", "w", "m", "y"]
+# Each time limit and the days it reaches back, narrowest first.
+_TIME_LIMIT_DAYS: tuple[tuple[TimeLimit, int], ...] = (("d", 1), ("w", 7), ("m", 31), ("y", 366))
 NO_RESULTS_MESSAGE = "No results found."
 
 
@@ -30,9 +32,9 @@ def ddgs_text_search(query: str, *, max_results: int, timelimit: TimeLimit | Non
 def coarse_time_limit(since: dt.date, today: dt.date) -> TimeLimit | None:
     """The narrowest ddgs time limit that still reaches back to `since`, or None beyond a year."""
     age_days = (today - since).days
-    for time_limit, days in (("d", 1), ("w", 7), ("m", 31), ("y", 366)):
+    for time_limit, days in _TIME_LIMIT_DAYS:
         if age_days <= days:
-            return time_limit  # type: ignore[return-value]
+            return time_limit
     return None
 
 

@@ -137,7 +137,9 @@ class FirecrawlProvider(_FirecrawlEndpoint):
         for hit in hits:
             if not isinstance(hit, dict):
                 continue
-            metadata = hit.get("metadata") if isinstance(hit.get("metadata"), dict) else {}
+            metadata = hit.get("metadata")
+            if not isinstance(metadata, dict):
+                metadata = {}
             origin_status = _origin_status(metadata)
             # A page that answered Firecrawl with an error gives an error page's Markdown: not the page's text.
             content = hit.get("markdown") if origin_status is None or origin_status < 400 else None
@@ -229,7 +231,9 @@ class FirecrawlScraper(_FirecrawlEndpoint):
         data = _payload_data(self.name, payload)
         if not isinstance(data, dict):
             raise SearchProviderError(self.name, "malformed", "'data' is not an object")
-        metadata = data.get("metadata") if isinstance(data.get("metadata"), dict) else {}
+        metadata = data.get("metadata")
+        if not isinstance(metadata, dict):
+            metadata = {}
         origin_status = _origin_status(metadata)
         if origin_status is not None and origin_status >= 400:
             raise SearchProviderError(self.name, "rejected", f"the page answered Firecrawl with HTTP {origin_status}")

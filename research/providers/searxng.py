@@ -12,14 +12,16 @@ from research.models import ProviderName, SearchQuery, SearchResult
 from research.providers.base import SearchProviderError, build_results, results_list, send_for_json
 
 TimeRange = Literal["day", "week", "month", "year"]
+# Each time range and the days it reaches back, narrowest first.
+_TIME_RANGE_DAYS: tuple[tuple[TimeRange, int], ...] = (("day", 1), ("week", 7), ("month", 31), ("year", 366))
 
 
 def coarse_time_range(since: dt.date, today: dt.date) -> TimeRange | None:
     """The narrowest SearXNG time range that still reaches back to `since`, or None beyond a year."""
     age_days = (today - since).days
-    for time_range, days in (("day", 1), ("week", 7), ("month", 31), ("year", 366)):
+    for time_range, days in _TIME_RANGE_DAYS:
         if age_days <= days:
-            return time_range  # type: ignore[return-value]
+            return time_range
     return None
 
 

@@ -13,7 +13,12 @@ target_metadata = Base.metadata
 
 
 def run_migrations() -> None:
-    engine = config.attributes.get("engine") or make_engine(config.get_main_option("sqlalchemy.url"))
+    engine = config.attributes.get("engine")
+    if engine is None:
+        url = config.get_main_option("sqlalchemy.url")
+        if url is None:
+            raise RuntimeError("alembic was given neither an engine nor sqlalchemy.url")
+        engine = make_engine(url)
     with engine.begin() as connection:
         if connection.dialect.name == "postgresql":
             # Processes starting together (a worker, the bot) migrate one at a time.
