@@ -7,7 +7,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.server import free_port
+from tests.waiting import wait_for
 
 
 class ServiceUnavailable(Exception):
@@ -104,8 +104,6 @@ def redis_server_binary() -> str:
 @contextmanager
 def redis_server() -> Iterator[str]:
     """A real Redis server on 127.0.0.1 at a free port, no persistence; yields its URL."""
-    import redis
-
     port = free_port()
     workdir = tempfile.mkdtemp(prefix="deepthread-redis-")
     process = subprocess.Popen(
@@ -115,17 +113,25 @@ def redis_server() -> Iterator[str]:
     )
     url = f"redis://127.0.0.1:{port}/0"
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                redis.Redis.from_url(url).ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise RuntimeError("redis-server did not start") from None
-                time.sleep(0.05)
+        wait_until_answering(url, process)
         yield url
     finally:
         process.terminate()
         process.wait(timeout=10)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def wait_until_answering(url: str, process: subprocess.Popen[bytes]) -> None:
+    """Return once the redis-server `process` answers PING at `url`; raises RuntimeError when it exits first and
+    AssertionError when it does not answer within 10 s."""
+    import redis
+
+    def answering() -> bool:
+        try:
+            return bool(redis.Redis.from_url(url, socket_connect_timeout=0.5).ping())
+        except redis.ConnectionError:
+            if process.poll() is not None:
+                raise RuntimeError("redis-server did not start") from None
+            return False
+
+    wait_for(answering, "redis-server to answer PING", 10, interval=0.05)

@@ -4,7 +4,6 @@ holds each sleeper until a test advances it past the sleeper's time."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 
 class FakeClock:
@@ -70,12 +69,3 @@ class ManualClock:
         if self._sleeper_added is None:
             self._sleeper_added = asyncio.Event()
         return self._sleeper_added
-
-
-async def settle(condition: Callable[[], bool], *, turns: int = 1000) -> None:
-    """Let the event loop run until `condition` holds; fail if it never does (counted in loop turns, not seconds)."""
-    for _ in range(turns):
-        if condition():
-            return
-        await asyncio.sleep(0)
-    assert condition(), "the code under test never reached the expected state"

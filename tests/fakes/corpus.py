@@ -61,6 +61,7 @@ class Corpus:
     injection_host: str | None = None
     injection: str = INJECTION
     llm_handler: Any = default_research_model
+    llm_chunk_delay: float = 0.0
     pages: list[CorpusPage] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -69,7 +70,7 @@ class Corpus:
             for page_index in range(self.pages_per_host):
                 self._add_page(host_index, host, page_index)
         self.search = FakeSearchAPI(results_for=self._results, latency=self.search_latency)
-        self.llm = FakeLLM(self.llm_handler, latency=self.llm_latency)
+        self.llm = FakeLLM(self.llm_handler, latency=self.llm_latency, chunk_delay=self.llm_chunk_delay)
 
     def _add_page(self, host_index: int, host: str, page_index: int) -> None:
         """Serve one article of `host`: `/zorblax` first, then `/zorblax-2`, `/zorblax-3`…"""

@@ -11,11 +11,16 @@ every REST call is recorded, and the test drives users, commands, buttons and re
     interaction_id = discord_fake.send_command(alice, discord_fake.channel_id, "research", {"question": "Why?"})
     discord_fake.wait_for(lambda: discord_fake.interaction_responses(interaction_id))
     discord_fake.fail_next("POST", r"/channels/\\d+/messages$", status=429, retry_after=1.5)
+    discord_fake.answer_next("POST", r"/threads$", status=500, carried_out=True)  # done, but the answer lost
     discord_fake.messages(discord_fake.channel_id)         # DiscordMessage list, current state
     discord_fake.edits(channel_id, message_id)             # DiscordEdit list, with monotonic times
     discord_fake.calls("PATCH", path_contains="/messages/")  # DiscordCall list: method, path, json, status, time
 
 From async tests use `await discord_fake.wait_for_async(...)`: `wait_for` blocks the calling thread.
+
+Without a socket, `discord_fake.client()` reaches the same fake in process (httpx's ASGI transport) for code that
+takes an `httpx.AsyncClient`; give it `clock=` (a `tests.fakes.clock.FakeClock`) and the rate-limit windows, the
+nonce window and every recorded time run on that clock.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -56,6 +62,8 @@ from tests.fakes.server import LoopbackFake, RecordedRequest, RequestLog
 
 FAKE_TOKEN = "MTIzNDU2Nzg5MDEyMzQ1Njc4.fake.discord-bot-token"
 API_PREFIX = "/api/v10"
+# The address `client()` reaches the fake at in process: a name no socket is ever opened to.
+IN_PROCESS_URL = "http://discord.test"
 DISCORD_EPOCH_MS = 1_420_070_400_000
 
 CHANNEL_TEXT, CHANNEL_DM, CHANNEL_ANNOUNCEMENT = 0, 1, 5
@@ -263,7 +271,9 @@ class DiscordMessage:
 
 @dataclass
 class DiscordCall:
-    """One REST call as the fake saw it: route template, JSON (or multipart `payload_json`), files, answer, time."""
+    """One REST call as the fake saw it: route template, JSON (or multipart `payload_json`), files, answer, time.
+
+    `status` is 0 for a call answered with a scripted transport error (no answer reached the caller)."""
 
     method: str
     path: str
@@ -276,6 +286,7 @@ class DiscordCall:
     wall_time: float
     code: int | None = None
     writes_message: bool = False
+    answer_headers: dict[str, str] = field(default_factory=dict)
 
     @property
     def allowed_mentions(self) -> dict[str, Any] | None:
@@ -330,15 +341,19 @@ class CommandSync:
 
 
 @dataclass
-class ScriptedFailure:
-    """An answer served instead of the real one for the next `times` calls matching `method` and `pattern`."""
+class ScriptedAnswer:
+    """An answer served instead of the real one for the next `times` calls matching `method` and `pattern`: after
+    carrying the call out when `carried_out` (an answer lost on its way back), and as `error` raised to the caller when
+    given (in process only)."""
 
     method: str | None
     pattern: re.Pattern[str]
     status: int
-    body: dict[str, Any]
+    body: Any
     headers: dict[str, str]
     times: int
+    carried_out: bool = False
+    error: Exception | None = None
 
 
 class DiscordError(Exception):
@@ -486,8 +501,9 @@ class FakeDiscord(LoopbackFake):
                  channels: list[FakeChannel] | None = None, message_content_intent_enabled: bool = False,
                  members_intent_enabled: bool = False, presence_intent_enabled: bool = False,
                  heartbeat_interval: int = 41250, interaction_timeout: float = 3.0, nonce_window: float = 300.0,
-                 rate_limit: tuple[int, float] = (50, 1.0)) -> None:
+                 rate_limit: tuple[int, float] = (50, 1.0), clock: Callable[[], float] = time.monotonic) -> None:
         self.token = token
+        self.clock = clock
         self.application_id = _snowflake()
         self.bot = FakeUser(self.application_id, bot_name, bot=True)
         self.owner = FakeUser(_snowflake(), "owner")
@@ -510,7 +526,8 @@ class FakeDiscord(LoopbackFake):
         self._users: dict[int, FakeUser] = {self.bot.id: self.bot, self.owner.id: self.owner}
         self._messages: dict[int, list[DiscordMessage]] = {}
         self._calls: list[DiscordCall] = []
-        self._scripts: list[ScriptedFailure] = []
+        self._scripts: list[ScriptedAnswer] = []
+        self._in_process = False
         self._buckets: dict[str, _Bucket] = {}
         self._nonces: dict[tuple[int, str], tuple[int, float]] = {}
         self._interactions: dict[int, FakeInteraction] = {}
@@ -528,6 +545,20 @@ class FakeDiscord(LoopbackFake):
         ])
 
     # --- addresses -------------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """The loopback server's address once started; before that, for a fake reached through `client()`, the name
+        only the in-process transport answers."""
+        if self._server is None and self._in_process:
+            return IN_PROCESS_URL
+        return super().url
+
+    def client(self) -> httpx.AsyncClient:
+        """An httpx client reaching this fake in process, as the bot reaches Discord: its token, under `api_url`."""
+        self._in_process = True
+        return httpx.AsyncClient(base_url=self.api_url, transport=httpx.ASGITransport(app=self.app),
+                                 headers={"Authorization": f"Bot {self.token}"})
 
     @property
     def api_url(self) -> str:
@@ -559,9 +590,18 @@ class FakeDiscord(LoopbackFake):
         elif body is None:
             body = {"code": 50013, "message": "Missing Permissions"} if status == 403 else \
                 {"message": f"{status}: {'Internal Server Error' if status >= 500 else 'Error'}", "code": 0}
+        self.answer_next(method, path_pattern, status=status, body=body, headers=headers, times=times)
+
+    def answer_next(self, method: str | None, path_pattern: str = "", *, status: int = 200, body: Any = None,
+                    headers: dict[str, str] | None = None, times: int = 1, carried_out: bool = False,
+                    error: Exception | None = None) -> None:
+        """Answer the next `times` calls of `method` (None: any) whose API path matches the regex `path_pattern` (empty:
+        any path) with `status`, `body` as JSON (None: an empty body) and `headers` over the rate-limit ones. With
+        `carried_out` the call is done first, so the answer is one lost on its way back; with `error` (in process only)
+        the caller gets that exception instead of an answer."""
         with self._lock:
-            self._scripts.append(ScriptedFailure(method.upper() if method else None, re.compile(path_pattern), status,
-                                                 body, headers, times))
+            self._scripts.append(ScriptedAnswer(method.upper() if method else None, re.compile(path_pattern), status,
+                                                body, dict(headers or {}), times, carried_out, error))
 
     # --- users, channels, guilds -----------------------------------------------------------------
 
@@ -663,7 +703,7 @@ class FakeDiscord(LoopbackFake):
             mentioned = {mention.id: mention for mention in mentions or []}
             mentioned.update({found.id: found for found in self._users_in(content)})
             message = DiscordMessage(id=_snowflake(), channel_id=channel.id, guild_id=channel.guild_id, author=user,
-                                     content=content, posted_at=time.monotonic(), embeds=list(embeds or []),
+                                     content=content, posted_at=self.clock(), embeds=list(embeds or []),
                                      mentions=list(mentioned.values()))
             if reply_to is not None:
                 replied = self._message(channel.id, int(reply_to))
@@ -849,14 +889,16 @@ class FakeDiscord(LoopbackFake):
         except (ValueError, KeyError):
             parse_error = DiscordError(400, 50109, "The request body contains invalid JSON.")
         with self._lock:
-            status, answer, headers = self._answer(request, route, ApiRequest(
+            status, answer, headers, error = self._answer(request, route, ApiRequest(
                 request.method, path, params, query, payload, files), parse_error)
             self._calls.append(DiscordCall(
                 method=request.method, path=path, route=route.template if route else path, query=query, json=payload,
-                files=[file.filename for file in files], status=status, at=time.monotonic(), wall_time=time.time(),
-                code=answer.get("code") if isinstance(answer, dict) else None,
-                writes_message=bool(route and route.writes_message)))
+                files=[file.filename for file in files], status=0 if error else status, at=self.clock(),
+                wall_time=time.time(), code=answer.get("code") if isinstance(answer, dict) else None,
+                writes_message=bool(route and route.writes_message), answer_headers=dict(headers)))
             self.changed.notify_all()
+        if error is not None:
+            raise error
         headers["Via"] = "1.1 google"
         if answer is None:
             return Response(status_code=status, headers=headers)
@@ -870,38 +912,46 @@ class FakeDiscord(LoopbackFake):
         return None, {}
 
     def _answer(self, request: Request, route: ApiRoute | None, api_request: ApiRequest,
-                parse_error: DiscordError | None) -> tuple[int, Any, dict[str, str]]:
+                parse_error: DiscordError | None) -> tuple[int, Any, dict[str, str], Exception | None]:
+        """Status, body and headers of the answer to a call, and the scripted transport error to raise instead."""
         path = api_request.path
         if route is None:
             exists = any(candidate.pattern.match(path) for candidate in self._routes)
             status = 405 if exists else 404
             return status, {"message": f"{status}: {'Method Not Allowed' if exists else 'Not Found'}", "code": 0}, \
-                self._take_bucket(f"{api_request.method} {path}", "")[0]
+                self._take_bucket(f"{api_request.method} {path}", "")[0], None
         major = next((api_request.params[name] for name in ("channel_id", "guild_id", "interaction_token",
                                                             "interaction_id") if name in api_request.params), "")
         limit_headers, retry_after = self._take_bucket(f"{route.method} {route.template}", major)
         if route.auth and request.headers.get("authorization") != f"Bot {self.token}":
-            return 401, {"message": "401: Unauthorized", "code": 0}, limit_headers
+            return 401, {"message": "401: Unauthorized", "code": 0}, limit_headers, None
         script = self._scripted(api_request.method, path)
         if script is not None:
+            if script.carried_out:
+                self._handle(route, api_request, parse_error)
             headers = {**limit_headers, **script.headers}
             if script.status == 429:
                 headers["X-RateLimit-Remaining"] = "0"
-            return script.status, script.body, headers
+            return script.status, script.body, headers, script.error
         if retry_after is not None:
             return 429, {"message": "You are being rate limited.", "retry_after": retry_after, "global": False}, \
-                {**limit_headers, "Retry-After": str(math.ceil(retry_after)), "X-RateLimit-Scope": "user"}
+                {**limit_headers, "Retry-After": str(math.ceil(retry_after)), "X-RateLimit-Scope": "user"}, None
+        status, answer = self._handle(route, api_request, parse_error)
+        return status, answer, limit_headers, None
+
+    @staticmethod
+    def _handle(route: ApiRoute, api_request: ApiRequest, parse_error: DiscordError | None) -> tuple[int, Any]:
+        """What Discord does with the call: the route's answer, or its error answer."""
         try:
             if parse_error is not None:
                 raise parse_error
-            status, answer = route.handler(api_request)
+            return route.handler(api_request)
         except DiscordError as error:
-            return error.status, error.body, limit_headers
-        return status, answer, limit_headers
+            return error.status, error.body
 
     def _take_bucket(self, route_key: str, major: str) -> tuple[dict[str, str], float | None]:
         limit, window = self.rate_limit
-        now = time.monotonic()
+        now = self.clock()
         bucket = self._buckets.get(f"{route_key}:{major}")
         if bucket is None or now >= bucket.started + window:
             bucket = self._buckets[f"{route_key}:{major}"] = _Bucket(now)
@@ -912,7 +962,7 @@ class FakeDiscord(LoopbackFake):
                    "X-RateLimit-Bucket": hashlib.md5(route_key.encode()).hexdigest()}
         return headers, (round(reset_after, 3) if bucket.count > limit else None)
 
-    def _scripted(self, method: str, path: str) -> ScriptedFailure | None:
+    def _scripted(self, method: str, path: str) -> ScriptedAnswer | None:
         for script in self._scripts:
             if (script.method is None or script.method == method) and script.pattern.search(path):
                 script.times -= 1
@@ -1128,7 +1178,7 @@ class FakeDiscord(LoopbackFake):
         self._users[user.id] = user
         interaction = FakeInteraction(id=_snowflake(), token="aW50ZXJhY3Rpb24" + secrets.token_urlsafe(48), type=kind,
                                       user=user, channel_id=channel.id, guild_id=guild_id, data=data,
-                                      dispatched_at=time.monotonic(), message_id=message.id if message else None)
+                                      dispatched_at=self.clock(), message_id=message.id if message else None)
         payload: dict[str, Any] = {
             "id": str(interaction.id), "application_id": str(self.application_id), "type": kind, "data": data,
             "token": interaction.token, "version": 1, "channel_id": str(channel.id), "locale": locale,
@@ -1172,7 +1222,7 @@ class FakeDiscord(LoopbackFake):
     def _new_bot_message(self, channel: FakeChannel, payload: dict[str, Any], files: list[UploadedFile], *,
                          flags: int = 0, kind: int = MESSAGE_DEFAULT, webhook: bool = False) -> DiscordMessage:
         message = DiscordMessage(id=_snowflake(), channel_id=channel.id, guild_id=channel.guild_id, author=self.bot,
-                                 content=str(payload.get("content") or ""), posted_at=time.monotonic(),
+                                 content=str(payload.get("content") or ""), posted_at=self.clock(),
                                  embeds=list(payload.get("embeds") or []),
                                  components=list(payload.get("components") or []), type=kind,
                                  flags=flags | (int(payload.get("flags") or 0) & ~FLAG_LOADING),
@@ -1228,7 +1278,7 @@ class FakeDiscord(LoopbackFake):
         if "content" in payload:
             self._resolved_mentions(message, message.allowed_mentions)
         message.edited_timestamp = iso_now()
-        message.edits.append(DiscordEdit(at=time.monotonic(), content=content, embeds=copy.deepcopy(embeds),
+        message.edits.append(DiscordEdit(at=self.clock(), content=content, embeds=copy.deepcopy(embeds),
                                          components=copy.deepcopy(components), flags=message.flags,
                                          allowed_mentions=payload.get("allowed_mentions")))
         if not message.ephemeral:
@@ -1308,7 +1358,7 @@ class FakeDiscord(LoopbackFake):
                 entry["dm_permission"] = command.get("dm_permission", True)
             registered.append(entry)
         self._commands[scope] = registered
-        self._syncs.append(CommandSync(guild_id=scope, commands=copy.deepcopy(registered), at=time.monotonic()))
+        self._syncs.append(CommandSync(guild_id=scope, commands=copy.deepcopy(registered), at=self.clock()))
         return 200, copy.deepcopy(registered)
 
     def _list_messages(self, request: ApiRequest) -> tuple[int, Any]:
@@ -1332,13 +1382,13 @@ class FakeDiscord(LoopbackFake):
         nonce = payload.get("nonce")
         if nonce is not None and payload.get("enforce_nonce"):
             seen = self._nonces.get((channel.id, str(nonce)))
-            if seen is not None and time.monotonic() - seen[1] <= self.nonce_window:
+            if seen is not None and self.clock() - seen[1] <= self.nonce_window:
                 original = self._find(channel.id, seen[0])
                 if original is not None:
                     return 200, self._message_json(original)
         message = self._new_bot_message(channel, payload, request.files)
         if nonce is not None:
-            self._nonces[(channel.id, str(nonce))] = (message.id, time.monotonic())
+            self._nonces[(channel.id, str(nonce))] = (message.id, self.clock())
         self._store(channel, message)
         return 200, self._message_json(message)
 
@@ -1441,7 +1491,7 @@ class FakeDiscord(LoopbackFake):
             raise DiscordError(404, 10062, "Unknown interaction")
         if interaction.responses:
             raise DiscordError(400, 40060, "Interaction has already been acknowledged.")
-        after = time.monotonic() - interaction.dispatched_at
+        after = self.clock() - interaction.dispatched_at
         if after > self.interaction_timeout:
             raise DiscordError(404, 10062, "Unknown interaction")
         body = request.json if isinstance(request.json, dict) else {}
@@ -1463,7 +1513,7 @@ class FakeDiscord(LoopbackFake):
             if kind == CALLBACK_UPDATE_MESSAGE:
                 self._apply_edit(channel, message, data, request.files)
         interaction.responses.append(InteractionResponse(interaction.id, kind, copy.deepcopy(data),
-                                                         time.monotonic(), after))
+                                                         self.clock(), after))
         self.changed.notify_all()
         if request.query.get("with_response", "").lower() not in ("1", "true"):
             return 204, None

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import Callable
 
 from bot.conversation.events import ChatEvent, Outcome
+from tests.waiting import eventually
 
 
 class RecordingCore:
@@ -22,8 +22,7 @@ class RecordingCore:
     async def handle(self, event: ChatEvent) -> Outcome:
         with self._lock:
             self.events.append(event)
-        while not self.release.is_set():
-            await asyncio.sleep(0.005)
+        await eventually(self.release.is_set, "the test to release the core")
         return self.answer(event)
 
     def texts(self) -> list[str]:

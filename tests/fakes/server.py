@@ -12,6 +12,8 @@ from typing import Any
 
 import uvicorn
 
+from tests.waiting import wait_for
+
 
 @dataclass
 class RecordedRequest:
@@ -93,11 +95,10 @@ class LoopbackServer:
         self._server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
         self._thread = threading.Thread(target=lambda: asyncio.run(self._server.serve()), daemon=True)
         self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError(f"fake server on port {self.port} did not start")
-            time.sleep(0.01)
+        wait_for(lambda: self._server.started or not self._thread.is_alive(), f"the fake server on port {self.port}",
+                 10)
+        if not self._server.started:
+            raise RuntimeError(f"fake server on port {self.port} did not start")
         return self
 
     def stop(self) -> None:

@@ -1,12 +1,18 @@
-"""A fake web on 127.0.0.1: many host names served by one loopback server, routed on the Host header.
+"""A fake web: many host names served by one ASGI app, routed on the Host header, on 127.0.0.1 or in process.
 
 How tests reach it. The fetcher connects to the checked address at the port written in the URL, so
 every URL in the corpus carries the fake server's port: pages are registered under port-less URLs
 (`http://alpha.example/facts/1`) and `FakeWeb.url()` gives the address to hand to the code under
 test (`http://alpha.example:PORT/facts/1`). `FakeWeb.resolver()` maps every host to 127.0.0.1 and
 `FakeWeb.allow_list()` exempts exactly those hosts from the private-address refusal, so production
-fetcher code runs unchanged. The port is chosen when the FakeWeb is built, so pages can link to one
+fetcher code runs unchanged. The port is chosen when first asked for, so pages can link to one
 another with `web.url(...)` before the server starts.
+
+In process, `FakeWeb.transport()` is the same web as an httpx transport (no socket, no port): hand it to
+`build_fetch_client(config, transport=...)` and address pages by their plain URLs. With `clock=` (a test's
+hand-moved clock) every request is logged at that clock's time; `hold(url)` keeps a page's answer back until
+`release(url)`, `answer_next(url, page)` answers the next request once with another page (a 429, say), and
+`in_flight(host)` / `most_in_flight(host)` count the pages (robots.txt left out) being answered at once.
 
 Besides plain pages there are streaming pages for the cap tests (`huge_page`, `drip_page`,
 `gzip_bomb_page`), redirects, a real minimal PDF (`pdf_page`), per-host robots.txt, latency (a
@@ -18,12 +24,16 @@ from __future__ import annotations
 import asyncio
 import functools
 import html
+import threading
 import time
 import zlib
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
+
+import httpx
 
 from research.netguard import AllowList
 from tests.fakes.resolver import DictResolver
@@ -42,7 +52,8 @@ class Page:
     body: bytes | str = b""
     content_type: str | None = "text/html; charset=utf-8"
     status: int = 200
-    headers: dict[str, str] = field(default_factory=dict)
+    # A bytes value is sent as it is (a server sending a raw UTF-8 Location, say); text goes as Latin-1.
+    headers: dict[str, str | bytes] = field(default_factory=dict)
     latency: float | None = None
     stream: BodyStream | None = None
 
@@ -218,8 +229,34 @@ def _host_without_port(host_header: str) -> str:
     return host_header.split(":")[0].lower()
 
 
+class _Gate:
+    """A held page: requests for it wait, each on its own event loop, until it is opened from any thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open = False
+        self._waiting: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+
+    async def passed(self) -> None:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self._open:
+                return
+            opened: asyncio.Future[None] = loop.create_future()
+            self._waiting.append((loop, opened))
+        await opened
+
+    def open(self) -> None:
+        with self._lock:
+            self._open = True
+            waiting, self._waiting = self._waiting, []
+        for loop, opened in waiting:
+            loop.call_soon_threadsafe(lambda future=opened: future.done() or future.set_result(None))
+
+
 class FakeWeb:
-    """Serves pages for many host names from one LoopbackServer on 127.0.0.1 and records every request."""
+    """Serves pages for many host names, from one LoopbackServer on 127.0.0.1 or in process through `transport()`,
+    and records every request."""
 
     def __init__(
         self,
@@ -228,15 +265,29 @@ class FakeWeb:
         robots: dict[str, str] | None = None,
         latency: float = 0.0,
         port: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.port = port or free_port()
+        self._port = port
         self.latency = latency
+        self.clock = clock
         self.requests = RequestLog()
         self._pages: dict[tuple[str, str, str], Page] = {}
         self._robots: dict[str, str] = {host.lower(): text for host, text in (robots or {}).items()}
-        self._server = LoopbackServer(self._asgi_app(), port=self.port)
+        self._next_answers: dict[tuple[str, str, str], list[Page]] = {}
+        self._gates: dict[tuple[str, str, str], _Gate] = {}
+        self._lock = threading.Lock()
+        self._in_flight: Counter[str] = Counter()
+        self._most_in_flight: Counter[str] = Counter()
+        self._server: LoopbackServer | None = None
         for url, page in (pages or {}).items():
             self.add(url, page)
+
+    @property
+    def port(self) -> int:
+        """The loopback server's port, chosen when first asked for."""
+        if self._port is None:
+            self._port = free_port()
+        return self._port
 
     def add(self, url: str, page: Page) -> str:
         """Serve `page` at `url` (written without the port) and return the URL with the port."""
@@ -246,6 +297,33 @@ class FakeWeb:
     def set_robots(self, host: str, text: str) -> None:
         """Serve `text` as text/plain at `host`'s /robots.txt."""
         self._robots[host.lower()] = text
+
+    def answer_next(self, url: str, page: Page) -> None:
+        """Answer the next request for `url` with `page`, once; later requests get what is added there."""
+        with self._lock:
+            self._next_answers.setdefault(_split_key(url), []).append(page)
+
+    def hold(self, url: str) -> None:
+        """Keep every answer from `url` back until `release(url)`."""
+        self._gates[_split_key(url)] = _Gate()
+
+    def release(self, url: str) -> None:
+        """Let the held requests for `url` (and later ones) be answered; safe from any thread."""
+        self._gates[_split_key(url)].open()
+
+    def in_flight(self, host: str) -> int:
+        """How many page requests (robots.txt left out) for `host` are being answered now."""
+        with self._lock:
+            return self._in_flight[host.lower()]
+
+    def most_in_flight(self, host: str) -> int:
+        """The most page requests (robots.txt left out) for `host` that were ever being answered at once."""
+        with self._lock:
+            return self._most_in_flight[host.lower()]
+
+    def requested_hosts(self) -> list[str]:
+        """The host of every request, in the order they came."""
+        return [request.host for request in self.requests.all()]
 
     def url(self, url: str) -> str:
         """Return `url` with the fake server's port, which is where the fetcher will connect."""
@@ -275,12 +353,18 @@ class FakeWeb:
             if request.host == host.lower() and (path is None or request.path == path)
         ]
 
+    def transport(self) -> httpx.ASGITransport:
+        """This web in process: an httpx transport that answers on the request's Host header, with no socket."""
+        return httpx.ASGITransport(app=self._asgi_app())
+
     def start(self) -> "FakeWeb":
-        self._server.start()
+        self._server = LoopbackServer(self._asgi_app(), port=self.port).start()
         return self
 
     def stop(self) -> None:
-        self._server.stop()
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
 
     def __enter__(self) -> "FakeWeb":
         return self.start()
@@ -296,6 +380,10 @@ class FakeWeb:
         return app
 
     def _page_for(self, host: str, path: str, query: str) -> Page | None:
+        with self._lock:
+            for key in ((host, path, query), (host, path, "")):
+                if self._next_answers.get(key):
+                    return self._next_answers[key].pop(0)
         page = self._pages.get((host, path, query)) or self._pages.get((host, path, ""))
         if page is None and path == "/robots.txt" and host in self._robots:
             page = Page(body=self._robots[host], content_type="text/plain; charset=utf-8")
@@ -310,10 +398,18 @@ class FakeWeb:
         host = _host_without_port(headers.get("host", ""))
         record = RecordedRequest(
             method=scope["method"], host=host, path=scope["path"],
-            query=dict(parse_qsl(query)), headers=headers, body=body,
+            query=dict(parse_qsl(query)), headers=headers, body=body, at=self.clock(),
         )
         self.requests.add(record)
+        is_page = scope["path"] != "/robots.txt"
+        if is_page:
+            with self._lock:
+                self._in_flight[host] += 1
+                self._most_in_flight[host] = max(self._most_in_flight[host], self._in_flight[host])
         try:
+            gate = self._gates.get((host, scope["path"], query)) or self._gates.get((host, scope["path"], ""))
+            if gate is not None:
+                await gate.passed()
             page = self._page_for(host, scope["path"], query)
             if page is None:
                 page = Page(body=b"not found", content_type="text/plain", status=404)
@@ -322,7 +418,10 @@ class FakeWeb:
                 await asyncio.sleep(latency)
             await self._respond(page, receive, send)
         finally:
-            record.finished_at = time.monotonic()
+            if is_page:
+                with self._lock:
+                    self._in_flight[host] -= 1
+            record.finished_at = self.clock()
 
     async def _respond(self, page: Page, receive: Callable[[], Any], send: Callable[[dict], Any]) -> None:
         response_headers = {key.lower(): value for key, value in page.headers.items()}
@@ -331,7 +430,8 @@ class FakeWeb:
         if page.stream is None:
             content = page.body_bytes()
             response_headers["content-length"] = str(len(content))
-        raw_headers = [(key.encode("latin-1"), value.encode("latin-1")) for key, value in response_headers.items()]
+        raw_headers = [(key.encode("latin-1"), value if isinstance(value, bytes) else value.encode("latin-1"))
+                       for key, value in response_headers.items()]
         await send({"type": "http.response.start", "status": page.status, "headers": raw_headers})
         if page.stream is None:
             await send({"type": "http.response.body", "body": content, "more_body": False})

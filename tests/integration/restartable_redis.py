@@ -5,12 +5,9 @@ from __future__ import annotations
 import shutil
 import subprocess
 import tempfile
-import time
-
-import redis
 
 from tests.fakes.server import free_port
-from tests.services import redis_server_binary
+from tests.services import redis_server_binary, wait_until_answering
 
 
 class RestartableRedis:
@@ -27,15 +24,7 @@ class RestartableRedis:
             [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", self._workdir],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                redis.Redis.from_url(self.url, socket_connect_timeout=0.5).ping()
-                return
-            except redis.ConnectionError:
-                if time.monotonic() > deadline or self._process.poll() is not None:
-                    raise RuntimeError("redis-server did not start") from None
-                time.sleep(0.05)
+        wait_until_answering(self.url, self._process)
 
     def stop(self) -> None:
         if self._process is not None and self._process.poll() is None:

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import pytest
 
 from bot.cli import platform_core
 from bot.slack.app import build_slack_app
@@ -78,10 +77,3 @@ def slack_world(tmp_path: Path, redis_url: str, corpus: Corpus, **settings: str)
                 sender.close()
         finally:
             cluster.stop()
-
-
-@pytest.fixture(name="world")
-def quick_slack_world(tmp_path: Path, redis_url: str) -> Iterator[SlackWorld]:
-    """The Slack world with fakes a little slow (import it to have it as the `world` fixture)."""
-    with Corpus(llm_latency=0.3, page_latency=0.3) as corpus:
-        yield from slack_world(tmp_path, redis_url, corpus)

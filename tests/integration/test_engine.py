@@ -26,6 +26,7 @@ from tests.fakes.llm import (
     unrelated_citation_synthesis,
     wrong_number_synthesis,
 )
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -87,13 +88,6 @@ def run_research(corpus: Corpus, **option_overrides: Any) -> tuple[Report | None
 
 def phase_started(phase: str) -> Callable[[Any], bool]:
     return lambda event: event.type == "phase_started" and event.phase == phase
-
-
-async def until(condition: Callable[[], Any], *, seconds: float = 30.0) -> None:
-    """Poll `condition` (state another thread changes, such as a fake's request log) until it holds; fail after `seconds`."""
-    async with asyncio.timeout(seconds):
-        while not condition():
-            await asyncio.sleep(0.01)
 
 
 def cited_pairs(report: Report) -> list[tuple[str, int]]:
@@ -239,7 +233,8 @@ def test_cancel_during_fetch_aborts_at_once_and_keeps_what_was_found() -> None:
         async def main() -> tuple[Report | None, int, int]:
             async def cancel_while_fetching() -> None:
                 await recorder.wait_for(phase_started("fetch"))
-                await until(lambda: corpus.web.requests.all())  # a request to the web (robots.txt first) is in flight
+                await eventually(lambda: corpus.web.requests.all(), "a request to the web (robots.txt first) in flight", 30,
+                                 interval=0.01)
                 cancel.cancel("U-requester")
 
             canceller = asyncio.create_task(cancel_while_fetching())
@@ -354,7 +349,7 @@ def test_stop_while_writing_keeps_the_question_and_lists_only_the_pages_read() -
         async def main() -> Report | None:
             async def cancel_when_writing() -> None:
                 await recorder.wait_for(phase_started("synthesize"))
-                await until(writing_requested.is_set)  # the report's model call is in flight
+                await eventually(writing_requested.is_set, "the report's model call in flight", 30, interval=0.01)
                 cancel.cancel("U-requester")
 
             canceller = asyncio.create_task(cancel_when_writing())

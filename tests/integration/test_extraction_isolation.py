@@ -6,7 +6,6 @@ import asyncio
 import os
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from research.extract import extract_document
 from research.models import FetchResult
 from research.phases.read import extract_pages
 from tests.fakes.bombs import pdf_bomb, table_page
+from tests.waiting import eventually, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -83,17 +83,6 @@ def _pool_children() -> set[int]:
 def _is_gone(pid: int) -> bool:
     state = _status_field(pid, "State")
     return state is None or state.startswith(("Z", "X"))
-
-
-def _wait_until_gone(pids: set[int], timeout_seconds: float = 15.0) -> set[int]:
-    """The pids of `pids` still alive after waiting up to `timeout_seconds` for them to exit."""
-    deadline = time.monotonic() + timeout_seconds
-    while time.monotonic() < deadline:
-        alive = {pid for pid in pids if not _is_gone(pid)}
-        if not alive:
-            return alive
-        time.sleep(0.05)
-    return {pid for pid in pids if not _is_gone(pid)}
 
 
 class ProcessTreeMemory:
@@ -206,7 +195,8 @@ async def test_slow_page_is_cut_off_at_the_time_limit_and_its_process_killed(poo
     slow_page = table_page(2 * MIB)  # about ten seconds of trafilatura without the element cap
     with pytest.raises(CpuTaskTimedOut):
         await run_cpu(extract_document, "https://example.org/slow", slow_page, "text/html", pool=pool, **NO_HTML_CAPS)
-    assert _wait_until_gone(children) == set()
+    wait_for(lambda: all(_is_gone(pid) for pid in children), f"the killed child {sorted(children)} to exit", 15.0,
+             interval=0.05)
     assert await _article_is_read(pool)
 
 
@@ -226,9 +216,7 @@ async def test_child_killed_mid_task_fails_that_task_and_the_next_extraction_suc
     pid_file = tmp_path / "pid"
     try:
         running = asyncio.ensure_future(run_cpu(report_pid_then_wait, str(pid_file), pool=pool))
-        deadline = time.monotonic() + 30
-        while not pid_file.exists() and time.monotonic() < deadline and not running.done():
-            await asyncio.sleep(0.02)
+        await eventually(lambda: pid_file.exists() or running.done(), "the pool child's pid", 30, interval=0.02)
         os.kill(int(pid_file.read_text()), signal.SIGKILL)  # as the OOM killer would
         with pytest.raises(CpuWorkerDied):
             await running

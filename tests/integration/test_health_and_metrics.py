@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +27,7 @@ from tests.fakes.slack_api import FakeSlack
 from tests.integration.discord_harness import BotThread, discord_urls_nowhere
 from tests.integration.restartable_redis import RestartableRedis
 from tests.integration.workers import Cluster
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -143,7 +142,7 @@ def test_the_discord_bot_serves_healthz_and_metrics_on_its_port_and_needs_a_live
                                  discord_http_port=port)
         bot = BotThread(settings).start()
         try:
-            answer = wait_until(lambda: healthz(port), "the Discord bot's /healthz")
+            answer = wait_for(lambda: healthz(port), "the Discord bot's /healthz", 20, interval=0.1)
             assert answer == (503, {"ok": False, "failing": ["worker_heartbeat"], "parts": {
                 "database": "ok", "redis": "ok", "worker_heartbeat": "no worker heartbeat in the last 60 s"}})
             beat(redis_client, "w1@test")
@@ -154,12 +153,3 @@ def test_the_discord_bot_serves_healthz_and_metrics_on_its_port_and_needs_a_live
         finally:
             bot.stop()
     assert healthz(port) is None  # the bot's server stopped with it
-
-
-def wait_until(predicate: Callable[[], Any], what: str, timeout: float = 20) -> Any:
-    deadline = time.monotonic() + timeout
-    while (value := predicate()) is None or value is False:
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.1)
-    return value

@@ -21,6 +21,7 @@ from tests.fakes.corpus import QUESTION, Corpus
 from bot.console.bundle import TERMINAL, TERMINAL_USER
 from worker.headless import create_run
 from tests.attempts import execute_stored
+from tests.waiting import wait_for
 from worker.runner import RunnerServices
 from worker.toolkit import research_options
 
@@ -134,7 +135,6 @@ def test_ctrl_c_stops_cli_research_and_keeps_the_partial_run(tmp_path) -> None:
     import signal
     import subprocess
     import sys
-    import time
 
     url = f"sqlite:///{tmp_path}/deepthread.db"
     with Corpus(page_latency=5.0) as slow:
@@ -143,16 +143,17 @@ def test_ctrl_c_stops_cli_research_and_keeps_the_partial_run(tmp_path) -> None:
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             sessions = None
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                if os.path.exists(tmp_path / "deepthread.db"):
-                    sessions = sessions or sessions_for(url)
-                    with sessions() as session:
-                        if session.scalars(select(Event).where(Event.type == "phase_started", Event.phase == "fetch")).first():
-                            break
-                time.sleep(0.1)
-            else:
-                pytest.fail("the run never reached the fetch phase")
+
+            def fetching() -> bool:
+                nonlocal sessions
+                if not os.path.exists(tmp_path / "deepthread.db"):
+                    return False
+                sessions = sessions or sessions_for(url)
+                with sessions() as session:
+                    return session.scalars(select(Event).where(Event.type == "phase_started",
+                                                               Event.phase == "fetch")).first() is not None
+
+            wait_for(fetching, "the run to reach the fetch phase", 60, interval=0.1)
             process.send_signal(signal.SIGINT)
             stdout, _ = process.communicate(timeout=30)
         finally:

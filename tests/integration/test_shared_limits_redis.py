@@ -28,6 +28,7 @@ from storage.shared_limits import (
     redis_lock,
 )
 from worker.cancels import CancelWatcher, redis_flags
+from tests.waiting import eventually, wait_for
 from worker.progress import StatusEditor
 
 pytestmark = pytest.mark.integration
@@ -51,8 +52,7 @@ FROZEN_SECONDS = 1_000.0
 async def _wait_for_go(client: redis.asyncio.Redis, prefix: str) -> None:
     """Report ready, then wait until the test lets every child start at once."""
     await client.incr(prefix + "ready")
-    while not await client.exists(prefix + "go"):
-        await asyncio.sleep(0.005)
+    await eventually(lambda: client.exists(prefix + "go"), "the test's go", CHILD_TIMEOUT_SECONDS)
 
 
 async def _child_rate(client: redis.asyncio.Redis, prefix: str, interval: float, calls: int) -> list[float]:
@@ -220,11 +220,13 @@ def run_child(role: str, redis_url: str, prefix: str, *arguments: object) -> Any
 
 def release_when_ready(client: redis.Redis, prefix: str, children: list[subprocess.Popen[str]]) -> None:
     """Wait until every child is ready, then let them all start together."""
-    deadline = time.monotonic() + CHILD_TIMEOUT_SECONDS
-    while int(client.get(prefix + "ready") or 0) < len(children):
-        assert all(child.poll() is None for child in children), [child.communicate()[1] for child in children]
-        assert time.monotonic() < deadline, "children did not get ready"
-        time.sleep(0.01)
+
+    def all_ready() -> bool:
+        ready = int(client.get(prefix + "ready") or 0) >= len(children)
+        assert ready or all(child.poll() is None for child in children), [child.communicate()[1] for child in children]
+        return ready
+
+    wait_for(all_ready, "the children to get ready", CHILD_TIMEOUT_SECONDS)
     client.set(prefix + "go", "1")
 
 
@@ -301,11 +303,13 @@ def test_cancel_flag_set_in_one_process_is_seen_by_another(
     redis_url: str, client: redis.Redis, prefix: str
 ) -> None:
     child = start_child("cancel", redis_url, prefix)
-    deadline = time.monotonic() + CHILD_TIMEOUT_SECONDS
-    while not client.exists(prefix + "watching"):
-        assert child.poll() is None, child.communicate()[1]
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+
+    def child_watching() -> bool:
+        seen = bool(client.exists(prefix + "watching"))
+        assert seen or child.poll() is None, child.communicate()[1]
+        return seen
+
+    wait_for(child_watching, "the child to watch the cancel flag", CHILD_TIMEOUT_SECONDS)
 
     client.set(prefix + "cancel:7", "slack:U1", ex=60)
     assert result_of(child) == {"by": "slack:U1"}

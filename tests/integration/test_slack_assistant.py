@@ -10,7 +10,6 @@ from chat.state import PHASE_LABELS
 from storage.models import Conversation, Run
 from tests.fakes.corpus import QUESTION
 from tests.integration.slack_harness import SlackWorld
-from tests.integration.slack_harness import quick_slack_world  # noqa: F401  (the `world` fixture)
 
 pytestmark = pytest.mark.integration
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -16,7 +15,6 @@ from tests.fakes.corpus import QUESTION, Corpus
 from tests.fakes.llm import ChatRequest, citing_synthesis, default_research_model
 from tests.fakes.slack_events import sign_slack_request
 from tests.integration.slack_harness import ASKER, CHANNEL, OTHER, SlackWorld, slack_world
-from tests.integration.slack_harness import quick_slack_world  # noqa: F401  (the `world` fixture)
 
 pytestmark = pytest.mark.integration
 
@@ -28,15 +26,9 @@ def links_in(text: str) -> set[str]:
     return {mrkdwn or markdown for mrkdwn, markdown in LINK.findall(text)}
 
 
-@pytest.fixture
-def slow_world(tmp_path: Path, redis_url: str) -> Iterator[SlackWorld]:
-    """Fakes slowed so each phase outlasts the status message's one-edit-a-second coalescing."""
-    with Corpus(llm_latency=1.2, search_latency=1.2, page_latency=1.2) as corpus:
-        yield from slack_world(tmp_path, redis_url, corpus)
-
-
-def test_research_command_end_to_end(slow_world: SlackWorld) -> None:
-    world = slow_world
+# Fakes slowed so each phase outlasts the status message's one-edit-a-second coalescing.
+@pytest.mark.world(corpus={"llm_latency": 1.2, "search_latency": 1.2, "page_latency": 1.2})
+def test_research_command_end_to_end(world: SlackWorld) -> None:
     response = world.command("/research", QUESTION)  # how fast it is acknowledged is bench/ack.py's measure
     assert response.status_code == 200
     run = world.wait_for_runs(1)[0]

@@ -4,18 +4,15 @@ Redis, and the fake LLM, search provider and web corpus."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import select
 
 from storage.models import Feedback, Run
-from tests.fakes.corpus import QUESTION, Corpus
+from tests.fakes.corpus import QUESTION
 from tests.fakes.slack_events import ResponseUrlCatcher, SlackEventSender
-from tests.integration.slack_harness import ASKER, CHANNEL, OTHER, SlackWorld, slack_world
-from tests.integration.slack_harness import quick_slack_world  # noqa: F401  (the `world` fixture)
+from tests.integration.slack_harness import ASKER, CHANNEL, OTHER, SlackWorld
 
 pytestmark = pytest.mark.integration
 
@@ -24,11 +21,8 @@ WHAT_WAS_WRONG = "The capacity figure is the 2019 one, not this year's."
 TERMINAL = {"done", "failed", "cancelled", "timed_out"}
 
 
-@pytest.fixture
-def slow_pages_world(tmp_path: Path, redis_url: str) -> Iterator[SlackWorld]:
-    """Pages slow enough that a run is still fetching when it is stopped."""
-    with Corpus(page_latency=6.0) as corpus:
-        yield from slack_world(tmp_path, redis_url, corpus)
+# Pages slow enough that a run is still fetching when it is stopped.
+SLOW_PAGES = pytest.mark.world(corpus={"page_latency": 6.0})
 
 
 def feedback_rows(world: SlackWorld) -> list[tuple[str, int, str | None]]:
@@ -74,8 +68,8 @@ def test_feedback_on_a_report_is_stored_and_a_thumbs_down_asks_what_was_wrong(wo
     assert feedback_rows(world) == [(f"slack:{ASKER}", 1, None), (f"slack:{OTHER}", -1, WHAT_WAS_WRONG)]
 
 
-def test_cancel_reaction_on_the_root_message_works_for_the_requester_only(slow_pages_world: SlackWorld) -> None:
-    world = slow_pages_world
+@SLOW_PAGES
+def test_cancel_reaction_on_the_root_message_works_for_the_requester_only(world: SlackWorld) -> None:
     run = running_research(world)
     root = run.status_message["thread"]  # the channel-visible message the slash command opened the thread under
     assert world.slack.message(CHANNEL, root).thread_ts is None
@@ -92,8 +86,8 @@ def test_cancel_reaction_on_the_root_message_works_for_the_requester_only(slow_p
     assert stopped.state == "cancelled" and stopped.cancelled_by == f"slack:{ASKER}"
 
 
-def test_stop_button_on_the_status_message_works_for_the_requester_only(slow_pages_world: SlackWorld) -> None:
-    world = slow_pages_world
+@SLOW_PAGES
+def test_stop_button_on_the_status_message_works_for_the_requester_only(world: SlackWorld) -> None:
     run = running_research(world)
     status = world.slack.message(CHANNEL, run.status_message["message_id"])
     stop = next(element for block in status.blocks if block["type"] == "actions" for element in block["elements"]

@@ -4,8 +4,6 @@ fake Slack Web API checking the `plan_update`/`task_update` chunks; an expired s
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -14,19 +12,14 @@ from chat.slack.messenger import SlackMessenger, build_slack_client
 from chat.state import initial_progress
 from chat.tasks import task_list
 from storage.models import Run
-from tests.fakes.corpus import QUESTION, Corpus
+from tests.fakes.corpus import QUESTION
 from tests.fakes.slack_api import FakeSlack
-from tests.integration.slack_harness import ASKER, CHANNEL, SlackWorld, slack_world
+from tests.integration.slack_harness import ASKER, CHANNEL, SlackWorld
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration,
+              pytest.mark.world(corpus={"llm_latency": 0.2, "page_latency": 0.2}, slack_progress="stream")]
 
 PHASE_TASKS = {"decompose", "search", "fetch", "read", "synthesize", "verify"}
-
-
-@pytest.fixture
-def world(tmp_path: Path, redis_url: str) -> Iterator[SlackWorld]:
-    with Corpus(llm_latency=0.2, page_latency=0.2) as corpus:
-        yield from slack_world(tmp_path, redis_url, corpus, slack_progress="stream")
 
 
 def delivered_run(world: SlackWorld) -> Run:

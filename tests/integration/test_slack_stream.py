@@ -3,25 +3,18 @@ chat.startStream/appendStream/stopStream, and the fake model streaming its answe
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
-from tests.fakes.corpus import QUESTION, Corpus
+from tests.fakes.corpus import QUESTION
 from tests.fakes.llm import UNRELATED_SENTENCE
-from tests.integration.slack_harness import ASKER, CHANNEL, SlackWorld, slack_world
+from tests.integration.slack_harness import ASKER, CHANNEL, SlackWorld
 from tests.integration.streamed_answers import CHAT_ANSWER, CHAT_QUESTION, FOLLOW_UP, honest_judge_model
 
-pytestmark = pytest.mark.integration
-
-@pytest.fixture
-def world(tmp_path: Path, redis_url: str) -> Iterator[SlackWorld]:
-    # A word every 40 ms: the answer takes a couple of seconds to write, long enough for several appends.
-    with Corpus(llm_handler=honest_judge_model) as corpus:
-        corpus.llm.chunk_delay = 0.04
-        # Research progress as edits: the only stream here is the answer's (tests/integration/test_slack_progress_stream.py).
-        yield from slack_world(tmp_path, redis_url, corpus, slack_progress="edit")
+# A word every 40 ms: the answer takes a couple of seconds to write, long enough for several appends. Research
+# progress as edits: the only stream here is the answer's (tests/integration/test_slack_progress_stream.py).
+pytestmark = [pytest.mark.integration,
+              pytest.mark.world(corpus={"llm_handler": honest_judge_model, "llm_chunk_delay": 0.04},
+                                slack_progress="edit")]
 
 
 def answer_messages(world: SlackWorld, run, marker: str):

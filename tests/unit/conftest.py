@@ -1,13 +1,19 @@
-"""Unit fixtures: the search providers' wire fake, in process, and a client that reaches it."""
+"""Unit fixtures: the search providers' wire fake, in process, and a client that reaches it; the conversation core's
+world without a chat platform."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
+from sqlalchemy.orm import Session, sessionmaker
 
 from tests.fakes.search_api import FakeSearchAPI
+
+if TYPE_CHECKING:
+    from tests.unit.conversation_world import World
 
 
 @pytest.fixture
@@ -19,3 +25,11 @@ def api() -> FakeSearchAPI:
 async def http(api: FakeSearchAPI) -> AsyncIterator[httpx.AsyncClient]:
     async with api.client() as client:
         yield client
+
+
+@pytest.fixture
+def world(session_factory: sessionmaker[Session]) -> World:
+    """The conversation core over the test's SQLite, with a recording messenger (tests/unit/conversation_world.py)."""
+    from tests.unit.conversation_world import World
+
+    return World(session_factory)

@@ -21,6 +21,7 @@ from storage.answer_drafts import DRAFT_TTL_SECONDS, AnswerDraftReader, AnswerDr
 from storage.models import Run
 from tests.fakes.clock import FakeClock
 from tests.fakes.terminal import screen_left_by
+from tests.waiting import settle
 from worker.queue import Limits, Queue
 
 RUN_ID = 7
@@ -89,11 +90,7 @@ async def test_a_redis_that_is_down_stops_the_writer_quietly() -> None:
     server.connected = False
     writer = AnswerDraftWriter(async_redis, RUN_ID, sleep=PacedSleep())
     writer.show(DRAFT_START)
-    for _ in range(100):  # turns of the event loop, not time: the write fails on the first one it gets
-        if writer.failed:
-            break
-        await asyncio.sleep(0)
-    assert writer.failed
+    await settle(lambda: writer.failed, turns=100)  # the write fails on the first turn of the event loop it gets
     writer.show(DRAFT_WHOLE)  # later words are dropped, not queued for a Redis that is gone
     await writer.close()
 

@@ -7,7 +7,6 @@ import asyncio
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
 import pytest
 
 from research import engine
@@ -20,9 +19,9 @@ from research.netguard import normalise_host
 from research.sources import SourceRegistry
 from research.urls import host_of, url_matches
 from tests.fakes.llm import ChatRequest, FakeLLM, HandlerResult, decomposition, default_research_model
-from tests.fakes.recording_site import RecordingSite
 from tests.fakes.resolver import DictResolver
 from tests.fakes.search_api import FakeSearchAPI
+from tests.fakes.web import FakeWeb, Page
 
 BLOCKED = ["spam.com"]
 PUBLIC_ADDRESSES = {"ok.example": ["93.184.216.34"], "hop.example": ["93.184.216.35"], "spam.com": ["93.184.216.36"],
@@ -69,54 +68,54 @@ def test_search_results_on_a_blocked_domain_or_its_subdomains_are_dropped() -> N
     assert [source.url for source in kept] == ["https://ok.example/a"]
 
 
-def page(text: str = "<html><p>fine</p></html>") -> httpx.Response:
-    return httpx.Response(200, headers={"content-type": "text/html"}, content=text.encode())
+def page(text: str = "<html><p>fine</p></html>") -> Page:
+    return Page(text.encode(), content_type="text/html")
 
 
-def redirect(location: str) -> httpx.Response:
+def redirect(location: str) -> Page:
     # Some servers send a raw UTF-8 Location header.
-    return httpx.Response(302, headers={"location": location.encode("utf-8")})
+    return Page(content_type=None, status=302, headers={"location": location.encode("utf-8")})
 
 
-def fetcher_for(site: RecordingSite, resolver: DictResolver) -> SafeFetcher:
+def fetcher_for(site: FakeWeb, resolver: DictResolver) -> SafeFetcher:
     config = FetchConfig(blocked_domains=tuple(BLOCKED), respect_robots=False, page_timeout_seconds=2)
-    return SafeFetcher(build_fetch_client(config, transport=site), resolver, config)
+    return SafeFetcher(build_fetch_client(config, transport=site.transport()), resolver, config)
 
 
 @pytest.mark.parametrize("url", WRITINGS_OF_A_BLOCKED_HOST)
 async def test_fetcher_refuses_a_blocked_domain_before_resolving_or_connecting(url: str) -> None:
-    site, resolver = RecordingSite({}), DictResolver(PUBLIC_ADDRESSES)
+    site, resolver = FakeWeb(), DictResolver(PUBLIC_ADDRESSES)
     result = await fetcher_for(site, resolver).fetch(url)
     assert result.status == "refused" and "blocked domain" in (result.reason or "")
-    assert resolver.lookups == [] and site.hosts == []
+    assert resolver.lookups == [] and site.requested_hosts() == []
 
 
 @pytest.mark.parametrize("location", ["https://news.SPAM.com./story", "//WWW.Spam.Com./story", "https://hop.example/next"])
 async def test_a_redirect_hop_to_a_blocked_domain_is_refused_and_never_requested(location: str) -> None:
-    site = RecordingSite({
-        "ok.example/start": redirect(location),
-        "hop.example/next": redirect("https://www.spam.com/story"),
+    site = FakeWeb({
+        "https://ok.example/start": redirect(location),
+        "https://hop.example/next": redirect("https://www.spam.com/story"),
     })
     resolver = DictResolver(PUBLIC_ADDRESSES)
     result = await fetcher_for(site, resolver).fetch("https://ok.example/start")
 
     assert result.status == "refused"
     assert "blocked domain" in (result.reason or "") and "after redirect" in (result.reason or "")
-    assert not [host for host in site.hosts if "spam" in host]
+    assert not [host for host in site.requested_hosts() if "spam" in host]
     assert not [name for name in resolver.lookups if "spam" in name]
 
 
 async def test_a_redirect_to_a_full_width_blocked_host_is_never_followed() -> None:
     # httpx itself refuses a Location whose host is not plain IDNA, before our check sees it; either way no request leaves.
-    site = RecordingSite({"ok.example/start": redirect("https://ｗｗｗ.ｓｐａｍ．com/story")})
+    site = FakeWeb({"https://ok.example/start": redirect("https://ｗｗｗ.ｓｐａｍ．com/story")})
     resolver = DictResolver(PUBLIC_ADDRESSES)
     result = await fetcher_for(site, resolver).fetch("https://ok.example/start")
     assert result.status != "ok"
-    assert site.hosts == ["ok.example"] and resolver.lookups == ["ok.example"]
+    assert site.requested_hosts() == ["ok.example"] and resolver.lookups == ["ok.example"]
 
 
 async def test_a_redirect_to_an_allowed_domain_is_still_followed() -> None:
-    site = RecordingSite({"ok.example/start": redirect("https://hop.example/end"), "hop.example/end": page()})
+    site = FakeWeb({"https://ok.example/start": redirect("https://hop.example/end"), "https://hop.example/end": page()})
     result = await fetcher_for(site, DictResolver(PUBLIC_ADDRESSES)).fetch("https://ok.example/start")
     assert result.status == "ok" and result.final_url == "https://hop.example/end"
 
@@ -142,21 +141,21 @@ def test_urls_in_the_question_on_a_blocked_domain_are_neither_sources_nor_fetche
 
     search = FakeSearchAPI(results_for=lambda provider, query: [])
     model = FakeLLM(one_query)
-    site = RecordingSite({"ok.example/report": page("<html><p>The allowed report says the tide is high.</p></html>")})
+    site = FakeWeb({"https://ok.example/report": page("<html><p>The allowed report says the tide is high.</p></html>")})
     tools = ResearchTools(
         llm=LLMClient(model.config(), http_client=model.http_client()),
         search_config=search.search_config(providers=["brave"], blocked_domains=BLOCKED),
         search_http=search.client(),
         resolver=DictResolver(PUBLIC_ADDRESSES),
         fetch_config=FetchConfig(respect_robots=False),
-        fetch_transport=site,
+        fetch_transport=site.transport(),
     )
     recorder = Recorder()
     options = ResearchOptions(max_seconds=30, max_rounds=1, max_sources=4, max_searches=2)
     report = asyncio.run(engine.research(question, options=options, tools=tools, events=recorder))
 
     assert report is not None
-    assert site.hosts == ["ok.example"]
+    assert site.requested_hosts() == ["ok.example"]
     assert not [source for source in report.sources if "spam" in host_of(source.url)]
     warnings = [(event.phase, event.message) for event in recorder.events if event.type == "warning"]
     assert [phase for phase, message in warnings if "spam" in message or "ｓｐａｍ" in message] == ["decompose", "decompose"]

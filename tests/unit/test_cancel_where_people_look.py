@@ -6,18 +6,11 @@ from __future__ import annotations
 import json
 from urllib.parse import parse_qs
 
-import pytest
-
 from bot.slack.app import action_event
 from tests.fakes.slack_events import SlackEventSender
 from tests.unit.conversation_world import ALICE, BOB, World, research
 
 QUESTION = "research: Why is the sea salty?"
-
-
-@pytest.fixture
-def world(session_factory) -> World:
-    return World(session_factory)
 
 
 def react(world: World, message_id: str, user: str = ALICE, reaction: str = "x"):

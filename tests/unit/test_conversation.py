@@ -15,11 +15,6 @@ from storage.vocabulary import RunOptions
 from tests.unit.conversation_world import ADMIN, ALICE, BOB, World, research
 
 
-@pytest.fixture
-def world(session_factory) -> World:
-    return World(session_factory)
-
-
 # -- commands and options ------------------------------------------------------------------------
 
 def test_research_command_posts_a_root_and_a_status_message_then_submits_the_run(world: World) -> None:

@@ -29,11 +29,6 @@ def feedback_rows(world: World) -> list[tuple[int, str, int, str | None]]:
                 for row in session.scalars(select(Feedback).order_by(Feedback.id))]
 
 
-@pytest.fixture
-def world(session_factory) -> World:
-    return World(session_factory)
-
-
 def click(world: World, run_id: int, verdict: str, user: str = ALICE, channel: str = "C1"):
     return world.handle(kind="action", action="feedback", feedback=verdict, action_run_id=run_id, user=user,
                         channel=channel)

@@ -12,9 +12,8 @@ import pytest
 from research.fetch import MIB, BoundedDecoder, FetchBudget, FetchConfig, FetchStopped, SafeFetcher, build_fetch_client
 from research.models import FetchResult
 from research.netguard import AllowList
-from tests.fakes.clock import ManualClock, settle
+from tests.fakes.clock import ManualClock
 from tests.fakes.resolver import DictResolver
-from tests.fakes.scripted_site import ScriptedSite
 from tests.fakes.server import RecordedRequest, free_port
 from tests.fakes.web import (
     KIB,
@@ -29,6 +28,7 @@ from tests.fakes.web import (
     pdf_page,
     redirect_page,
 )
+from tests.waiting import eventually, settle
 
 ARTICLE = article_html("Tide tables", ["The spring tide at Dover reached 6.8 metres on 3 March."])
 SLOW_HOSTS = [f"slow{number}.example" for number in range(6)]
@@ -178,16 +178,10 @@ async def test_gzip_page_is_decoded_and_charged_at_its_compressed_size(web: Fake
     assert result.bytes_read < len(ARTICLE.encode())
 
 
-async def until_requested(web: FakeWeb, host: str, path: str) -> None:
-    """Return once the fake web (another thread) has received a request for `path`."""
-    while not web.requests_to(host, path):
-        await asyncio.sleep(0.01)
-
-
 async def test_dripping_server_is_stopped_at_the_page_timeout(web: FakeWeb, make_fetcher) -> None:
     clock = ManualClock()
     fetch = asyncio.create_task(make_fetcher(page_timeout_seconds=0.3, clock=clock).fetch(web.url("http://alpha.example/drip")))
-    await until_requested(web, "alpha.example", "/drip")
+    await eventually(lambda: web.requests_to("alpha.example", "/drip"), "the fake web to receive /drip", interval=0.01)
     clock.advance(0.3)
     result = await fetch
 
@@ -361,25 +355,26 @@ async def test_pages_across_hosts_are_fetched_at_most_overall_limit_at_once(web:
 
 async def test_waiting_for_a_busy_host_does_not_count_against_the_page_timeout() -> None:
     clock = ManualClock()
-    site = ScriptedSite(clock)
-    paths = [f"/page/{number}" for number in range(3)]
-    for path in paths:
-        site.hold(path)
+    site = FakeWeb(clock=clock)
+    urls = [f"http://queue.example/page/{number}" for number in range(3)]
+    for url in urls:
+        site.add(url, Page(ARTICLE))
+        site.hold(url)
     config = FetchConfig(max_per_host=1, page_timeout_seconds=0.6, respect_robots=False)
     async with build_fetch_client(config, transport=site.transport()) as client:
         fetcher = SafeFetcher(client, DictResolver({"queue.example": ["93.184.216.34"]}), config,
                               clock=clock, sleep=clock.sleep)
-        fetches = [asyncio.create_task(fetcher.fetch(f"http://queue.example{path}")) for path in paths]
+        fetches = [asyncio.create_task(fetcher.fetch(url)) for url in urls]
         await settle(lambda: fetcher.pace_of("queue.example").waiting == 2)
         # Each page takes 0.5 s of the clock, so the last one waits 1 s for its turn: past 0.6 s, had it counted.
-        for served, path in enumerate(paths, start=1):
-            await site.wait_for_pages(served)
+        for served, url in enumerate(urls, start=1):
+            await eventually(lambda: len(site.requests_to("queue.example")) >= served, f"{served} page requests")
             clock.advance(0.5)
-            site.release(path)
+            site.release(url)
         results = await asyncio.gather(*fetches)
 
     assert [result.status for result in results] == ["ok", "ok", "ok"]
-    assert site.most_in_flight == 1
+    assert site.most_in_flight("queue.example") == 1
 
 
 async def test_byte_budget_cuts_the_run_and_later_fetches_are_skipped(web: FakeWeb, make_fetcher) -> None:

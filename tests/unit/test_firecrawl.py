@@ -20,9 +20,9 @@ from research.scrape_fallback import FallbackFetcher, is_script_shell, worth_scr
 from research.sources import SourceRegistry
 from tests.fakes.clock import FakeClock
 from tests.fakes.event_recorder import EventRecorder
-from tests.fakes.recording_site import RecordingSite
 from tests.fakes.resolver import DictResolver
 from tests.fakes.search_api import FIRECRAWL_SCRAPE, FakeSearchAPI, firecrawl_scrape_body, firecrawl_search_body
+from tests.fakes.web import FakeWeb, Page
 
 PAGE_URL = "https://walled.example/article"
 MARKDOWN = "# Tidal turbines\n\nThe array delivered 4,321 kilowatt hours during its trial."
@@ -193,9 +193,10 @@ def test_a_javascript_shell_has_no_main_text_and_an_article_has() -> None:
 
 
 class Fallback:
-    """A FallbackFetcher wired to a RecordingSite, the wire fake's Firecrawl, and recorders for its calls and events."""
+    """A FallbackFetcher wired to the fake web in process, the wire fake's Firecrawl, and recorders for its calls and
+    events."""
 
-    def __init__(self, api: FakeSearchAPI, http: httpx.AsyncClient, site: RecordingSite, *, budget_bytes: int = 10_000_000,
+    def __init__(self, api: FakeSearchAPI, http: httpx.AsyncClient, site: FakeWeb, *, budget_bytes: int = 10_000_000,
                  may_call: bool = True, robots: bool = False) -> None:
         self.api = api
         self.calls: list[str] = []
@@ -206,7 +207,7 @@ class Fallback:
         resolver = DictResolver({"walled.example": ["93.184.216.34"], "shell.example": ["93.184.216.35"],
                                  "intranet.example": ["10.1.2.3"]})
         self.budget = FetchBudget(budget_bytes)
-        safe = SafeFetcher(build_fetch_client(config, transport=site), resolver, config, self.budget)
+        safe = SafeFetcher(build_fetch_client(config, transport=site.transport()), resolver, config, self.budget)
         self.fetcher = FallbackFetcher(safe, scraper=scraper_for(api, http), registry=self.registry, emit=self._record,
                                        count_call=self.calls.append, may_call=lambda: may_call)
 
@@ -214,13 +215,17 @@ class Fallback:
         self.events.append(event)
 
 
-def forbidden(body: bytes = b"<html><body>Checking your browser</body></html>") -> httpx.Response:
-    return httpx.Response(403, headers={"content-type": "text/html"}, content=body)
+def forbidden(body: bytes = b"<html><body>Checking your browser</body></html>") -> Page:
+    return Page(body, content_type="text/html", status=403)
+
+
+def html_page(body: bytes) -> Page:
+    return Page(body, content_type="text/html")
 
 
 async def test_a_bot_walled_page_is_read_through_firecrawl(api: FakeSearchAPI, http: httpx.AsyncClient) -> None:
     api.set_scraped_pages({PAGE_URL: MARKDOWN})
-    fallback = Fallback(api, http, RecordingSite({"walled.example/article": forbidden()}))
+    fallback = Fallback(api, http, FakeWeb({PAGE_URL: forbidden()}))
     result = await fallback.fetcher.fetch(PAGE_URL)
     assert (result.status, result.content_type, result.body.decode()) == ("ok", "text/markdown; charset=utf-8", MARKDOWN)
     assert result.reason == "read through Firecrawl (HTTP 403)"
@@ -232,14 +237,12 @@ async def test_a_bot_walled_page_is_read_through_firecrawl(api: FakeSearchAPI, h
 async def test_a_javascript_shell_is_read_through_firecrawl(api: FakeSearchAPI, http: httpx.AsyncClient) -> None:
     shell_url = "https://shell.example/app"
     api.set_scraped_pages({shell_url: MARKDOWN})
-    site = RecordingSite({"shell.example/app": httpx.Response(200, headers={"content-type": "text/html"}, content=SHELL_HTML)})
-    result = await Fallback(api, http, site).fetcher.fetch(shell_url)
+    result = await Fallback(api, http, FakeWeb({shell_url: html_page(SHELL_HTML)})).fetcher.fetch(shell_url)
     assert (result.status, result.body.decode(), result.reason) == ("ok", MARKDOWN, "read through Firecrawl (no main text)")
 
 
 async def test_an_article_that_reads_fine_is_never_scraped(api: FakeSearchAPI, http: httpx.AsyncClient) -> None:
-    site = RecordingSite({"walled.example/article": httpx.Response(200, headers={"content-type": "text/html"}, content=ARTICLE_HTML)})
-    result = await Fallback(api, http, site).fetcher.fetch(PAGE_URL)
+    result = await Fallback(api, http, FakeWeb({PAGE_URL: html_page(ARTICLE_HTML)})).fetcher.fetch(PAGE_URL)
     assert result.ok and result.body == ARTICLE_HTML
     assert api.scraped_urls() == []
 
@@ -247,28 +250,28 @@ async def test_an_article_that_reads_fine_is_never_scraped(api: FakeSearchAPI, h
 @pytest.mark.parametrize("url", ["https://intranet.example/wiki", "http://127.0.0.1/admin", "http://[::1]/x",
                                  "http://169.254.169.254/latest/meta-data/", "ftp://walled.example/file"])
 async def test_urls_the_fetcher_refuses_for_safety_never_reach_firecrawl(url: str, api: FakeSearchAPI, http: httpx.AsyncClient) -> None:
-    result = await Fallback(api, http, RecordingSite({})).fetcher.fetch(url)
+    result = await Fallback(api, http, FakeWeb({})).fetcher.fetch(url)
     assert result.status == "refused"
     assert api.scraped_urls() == []
 
 
 async def test_a_robots_disallowed_page_never_reaches_firecrawl(api: FakeSearchAPI, http: httpx.AsyncClient) -> None:
-    robots = httpx.Response(200, headers={"content-type": "text/plain"}, content=b"User-agent: *\nDisallow: /article\n")
-    site = RecordingSite({"walled.example/robots.txt": robots, "walled.example/article": forbidden()})
-    result = await Fallback(api, http, site, robots=True).fetcher.fetch(PAGE_URL)
+    robots = Page(b"User-agent: *\nDisallow: /article\n", content_type="text/plain")
+    walled = FakeWeb({"https://walled.example/robots.txt": robots, PAGE_URL: forbidden()})
+    result = await Fallback(api, http, walled, robots=True).fetcher.fetch(PAGE_URL)
     assert result.status == "skipped" and "robots" in (result.reason or "")
     assert api.scraped_urls() == []
 
 
 async def test_a_redirect_to_a_private_address_is_neither_followed_nor_scraped(api: FakeSearchAPI, http: httpx.AsyncClient) -> None:
-    site = RecordingSite({"walled.example/article": httpx.Response(302, headers={"location": "https://intranet.example/wiki"})})
-    result = await Fallback(api, http, site).fetcher.fetch(PAGE_URL)
+    redirect = Page(content_type=None, status=302, headers={"location": "https://intranet.example/wiki"})
+    result = await Fallback(api, http, FakeWeb({PAGE_URL: redirect})).fetcher.fetch(PAGE_URL)
     assert result.status == "refused"
     assert api.scraped_urls() == []
 
 
 async def test_no_scrape_once_the_search_budget_is_spent(api: FakeSearchAPI, http: httpx.AsyncClient) -> None:
-    fallback = Fallback(api, http, RecordingSite({"walled.example/article": forbidden()}), may_call=False)
+    fallback = Fallback(api, http, FakeWeb({PAGE_URL: forbidden()}), may_call=False)
     result = await fallback.fetcher.fetch(PAGE_URL)
     assert (result.status, result.http_status) == ("failed", 403)
     assert api.scraped_urls() == [] and fallback.calls == []
@@ -276,14 +279,14 @@ async def test_no_scrape_once_the_search_budget_is_spent(api: FakeSearchAPI, htt
 
 async def test_markdown_over_the_byte_budget_is_skipped(api: FakeSearchAPI, http: httpx.AsyncClient) -> None:
     api.set_scraped_pages({PAGE_URL: MARKDOWN})
-    fallback = Fallback(api, http, RecordingSite({"walled.example/article": forbidden(b"")}), budget_bytes=20)
+    fallback = Fallback(api, http, FakeWeb({PAGE_URL: forbidden(b"")}), budget_bytes=20)
     result = await fallback.fetcher.fetch(PAGE_URL)
     assert (result.status, result.reason) == ("skipped", "fetch budget spent")
 
 
 async def test_a_failed_scrape_keeps_the_pages_failure_and_says_why(api: FakeSearchAPI, http: httpx.AsyncClient) -> None:
     api.set_failure(FIRECRAWL_SCRAPE, status=401, times=None)
-    fallback = Fallback(api, http, RecordingSite({"walled.example/article": forbidden(), "walled.example/other": forbidden()}))
+    fallback = Fallback(api, http, FakeWeb({PAGE_URL: forbidden(), "https://walled.example/other": forbidden()}))
     result = await fallback.fetcher.fetch(PAGE_URL)
     assert (result.status, result.reason) == ("failed", "HTTP 403; Firecrawl: authentication failed (HTTP 401)")
     assert any(isinstance(event, ProviderError) and event.skipped for event in fallback.events)
@@ -292,16 +295,16 @@ async def test_a_failed_scrape_keeps_the_pages_failure_and_says_why(api: FakeSea
 
 
 async def test_text_a_search_provider_sent_is_read_without_fetching(api: FakeSearchAPI, http: httpx.AsyncClient) -> None:
-    site = RecordingSite({})
-    fallback = Fallback(api, http, site)
+    web = FakeWeb({})
+    fallback = Fallback(api, http, web)
     fallback.registry.add(SearchResult(provider="firecrawl", title="A", url=PAGE_URL, content=MARKDOWN))
     result = await fallback.fetcher.fetch(PAGE_URL)
     assert (result.status, result.body.decode()) == ("ok", MARKDOWN)
-    assert site.hosts == [] and fallback.budget.spent == len(MARKDOWN.encode())
+    assert web.requested_hosts() == [] and fallback.budget.spent == len(MARKDOWN.encode())
 
 
 async def test_text_a_search_provider_sent_for_a_private_address_is_not_read(api: FakeSearchAPI, http: httpx.AsyncClient) -> None:
-    fallback = Fallback(api, http, RecordingSite({}))
+    fallback = Fallback(api, http, FakeWeb({}))
     fallback.registry.add(SearchResult(provider="firecrawl", title="A", url="https://intranet.example/wiki", content=MARKDOWN))
     result = await fallback.fetcher.fetch("https://intranet.example/wiki")
     assert result.status == "refused" and result.body == b""

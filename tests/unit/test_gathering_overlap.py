@@ -1,7 +1,7 @@
 """Gathering overlaps its steps: the question is searched while decomposition runs, and a page is read as it arrives.
 
 In-process fakes only: the model and the search API answer through their real wire formats in this event loop,
-and the pages come from httpx.MockTransport, so each overlap is proved by one fake waiting on what the other did.
+and the pages come from the fake web's transport, so each overlap is proved by one fake waiting on what the other did.
 """
 
 from __future__ import annotations
@@ -10,8 +10,6 @@ import asyncio
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any
-
-import httpx
 
 from research import engine
 from research.budget import ResearchOptions
@@ -22,7 +20,7 @@ from research.llm import LLMClient
 from tests.fakes.llm import ChatRequest, FakeLLM, HandlerResult, decomposition, default_research_model
 from tests.fakes.resolver import DictResolver
 from tests.fakes.search_api import FakeSearchAPI
-from tests.fakes.web import article_html
+from tests.fakes.web import FakeWeb, Page, article_html
 
 QUESTION = "How much energy did the Zorblax tidal turbines deliver?"
 PLANNED_QUERY = "Zorblax turbine energy output"
@@ -53,20 +51,13 @@ class Recorder:
         return [event.phase for event in self.events if event.type == "phase_started"]
 
 
-class Site:
-    """Pages by host behind httpx.MockTransport; a page may wait for an event before it answers."""
+def report_url(host: str) -> str:
+    return f"https://{host}/report"
 
-    def __init__(self, pages: dict[str, str], *, held_until: dict[str, asyncio.Event] | None = None) -> None:
-        self.pages = pages
-        self.held_until = held_until or {}
 
-    async def __call__(self, request: httpx.Request) -> httpx.Response:
-        host = request.headers["host"]
-        if host in self.held_until:
-            await self.held_until[host].wait()
-        if host not in self.pages:
-            return httpx.Response(404, text="not found")
-        return httpx.Response(200, html=self.pages[host])
+def site(pages: dict[str, str]) -> FakeWeb:
+    """Each host's report page (`pages` by host) on the fake web."""
+    return FakeWeb({report_url(host): Page(html) for host, html in pages.items()})
 
 
 class InlinePool(Executor):
@@ -86,7 +77,8 @@ class InlinePool(Executor):
         return future
 
 
-def tools_for(model: FakeLLM, search: FakeSearchAPI, site: Site, *, cpu_pool: Executor | None = None) -> ResearchTools:
+def tools_for(model: FakeLLM, search: FakeSearchAPI, web: FakeWeb, *,
+              cpu_pool: Executor | None = None) -> ResearchTools:
     return ResearchTools(
         llm=LLMClient(model.config(), http_client=model.http_client()),
         # Brave's one-call-a-second pacing is its plan's policy, not what these tests are about.
@@ -94,7 +86,7 @@ def tools_for(model: FakeLLM, search: FakeSearchAPI, site: Site, *, cpu_pool: Ex
         search_http=search.client(),
         resolver=DictResolver(ADDRESSES),
         fetch_config=FetchConfig(respect_robots=False, page_timeout_seconds=5.0),
-        fetch_transport=httpx.MockTransport(site),
+        fetch_transport=web.transport(),
         cpu_pool=cpu_pool,
     )
 
@@ -119,8 +111,8 @@ def test_the_question_is_searched_while_decomposition_runs_and_its_results_join_
             return default_research_model(request)
 
         model = FakeLLM(decomposing_after_the_question_search)
-        site = Site({"question.example": page("question.example", "4,411"), "plan.example": page("plan.example", "5,522")})
-        tools = tools_for(model, FakeSearchAPI(results_for=results_for), site)
+        web = site({"question.example": page("question.example", "4,411"), "plan.example": page("plan.example", "5,522")})
+        tools = tools_for(model, FakeSearchAPI(results_for=results_for), web)
         recorder, state = Recorder(), engine.ResearchState()
         options = ResearchOptions(max_seconds=30, max_rounds=1, max_sources=4, max_searches=4)
         report = await engine.research(QUESTION, options=options, tools=tools, events=recorder, state=state)
@@ -141,23 +133,22 @@ def test_the_question_is_searched_while_decomposition_runs_and_its_results_join_
 
 def test_a_page_is_read_as_soon_as_it_arrives_while_slower_pages_are_still_being_fetched() -> None:
     async def main() -> tuple[Any, Recorder, engine.ResearchState, list[str]]:
-        fast_page_read = asyncio.Event()
         extracted: list[str] = []
+        # The slow page answers only once the fast one is being read: reading waited for no round to end.
+        web = site({"fast.example": page("fast.example", "6,633"), "slow.example": page("slow.example", "7,744")})
+        web.hold(report_url("slow.example"))
 
         def on_extraction(url: str) -> None:
             extracted.append(url)
             if "fast.example" in url:
-                fast_page_read.set()
+                web.release(report_url("slow.example"))
 
         def results_for(provider: str, query: str) -> list[dict[str, Any]]:
             return [hit("https://fast.example/report"), hit("https://slow.example/report")]
 
-        # The slow page answers only once the fast one is being read: reading waited for no round to end.
-        site = Site({"fast.example": page("fast.example", "6,633"), "slow.example": page("slow.example", "7,744")},
-                    held_until={"slow.example": fast_page_read})
         model = FakeLLM(lambda request: decomposition([PLANNED_QUERY])(request) if request.schema_name == "decomposition"
                         else default_research_model(request))
-        tools = tools_for(model, FakeSearchAPI(results_for=results_for), site, cpu_pool=InlinePool(on_extraction))
+        tools = tools_for(model, FakeSearchAPI(results_for=results_for), web, cpu_pool=InlinePool(on_extraction))
         recorder, state = Recorder(), engine.ResearchState()
         options = ResearchOptions(max_seconds=30, max_rounds=1, max_sources=4, max_searches=1)
         report = await engine.research(QUESTION, options=options, tools=tools, events=recorder, state=state)

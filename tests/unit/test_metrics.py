@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.orm import Session, sessionmaker
 
 from chat.discord.messenger import DiscordMessenger
-from chat.message import Content
+from chat.message import Content, Place
 from chat.state import RunProgress, initial_progress
 from ops.metrics import Metrics, StatusEdit, fetch_reason_label
 from research.budget import ResearchOptions
@@ -26,7 +26,7 @@ from research.providers import SearchConfig
 from storage.models import Conversation, Run
 from storage.vocabulary import RunOptions
 from tests.fakes.clock import FakeClock
-from tests.fakes.discord_memory import InMemoryDiscord, channel_place
+from tests.fakes.discord_api import FakeDiscord
 from tests.fakes.llm import FakeLLM, default_research_model
 from tests.fakes.resolver import DictResolver
 from worker.progress import InMemoryEditBucket, StatusEditor
@@ -213,12 +213,13 @@ async def test_the_status_editor_counts_edits_sent_failed_and_refused_by_the_bud
 
 async def test_discord_rate_limit_waits_are_counted_with_their_length(metrics: Metrics) -> None:
     clock = FakeClock()
-    discord = InMemoryDiscord(clock)
-    http = discord.client()
-    messenger = DiscordMessenger(http, sleep=clock.sleep, clock=clock, count_rate_limit_wait=metrics.record_rate_limit_wait)
-    discord.rate_limit_next("POST", 2.5, times=2)
-    await messenger.post(channel_place(), Content(text="status"))
-    await http.aclose()
+    discord = FakeDiscord(clock=clock)
+    async with discord.client() as http:
+        messenger = DiscordMessenger(http, sleep=clock.sleep, clock=clock,
+                                     count_rate_limit_wait=metrics.record_rate_limit_wait)
+        discord.fail_next("POST", r"^/channels/\d+/messages$", status=429, retry_after=2.5, times=2)
+        place = Place(platform="discord", workspace=str(discord.guild_id), channel=str(discord.channel_id))
+        await messenger.post(place, Content(text="status"))
     samples = scraped(metrics.registry)
     assert value(samples, "deepthread_platform_rate_limit_waits_total", platform="discord") == 2
     assert value(samples, "deepthread_platform_rate_limit_wait_seconds_total", platform="discord") == 5.0

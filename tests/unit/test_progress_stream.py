@@ -4,8 +4,7 @@ phases only), handed back to the edited status message when the stream ends earl
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ from storage.vocabulary import DeliveredMessage
 from tests.fakes.messenger import RecordingMessenger
 from worker.delivery import DeliveryTarget, RunDelivery
 from tests.fakes.clock import FakeClock
+from tests.waiting import eventually
 from worker.progress import InMemoryEditBucket
 from worker.progress_stream import STREAM_BUDGET_SUFFIX
 
@@ -40,7 +40,6 @@ class TaskStreamingMessenger(RecordingMessenger):
         self.expire_on_append = expire_on_append
         self.streams = streams
         self.task_calls: list[tuple[str, list[ProgressTask] | TaskList]] = []
-        self.changed = asyncio.Event()
 
     def streams_tasks(self, workspace: str) -> bool:
         return self.streams
@@ -62,22 +61,8 @@ class TaskStreamingMessenger(RecordingMessenger):
         assert ref.message_id == STREAM_TS
         self._note("edit", tasks)
 
-    async def edit(self, ref, content) -> None:
-        await super().edit(ref, content)
-        self.changed.set()
-
     def _note(self, kind: str, tasks: list[ProgressTask] | TaskList) -> None:
         self.task_calls.append((kind, tasks))
-        self.changed.set()
-
-    async def until(self, condition: Callable[[], bool]) -> None:
-        async def wait() -> None:
-            while not condition():
-                self.changed.clear()
-                # Woken by each call; the short bound re-checks state set just after a call returned.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.changed.wait(), 0.05)
-        await asyncio.wait_for(wait(), HANG_GUARD_SECONDS)
 
     def kinds(self) -> list[str]:
         return [kind for kind, _ in self.task_calls]
@@ -153,13 +138,13 @@ def test_tasks_stream_while_the_status_message_follows_phase_changes_only(sessio
         delivery = delivery_of(session_factory, run_id, messenger)
         shown = states(run_id)
         await delivery.on_state(shown[0])
-        await messenger.until(lambda: messenger.kinds() == ["start"])
+        await eventually(lambda: messenger.kinds() == ["start"], timeout=HANG_GUARD_SECONDS)
         for number, (before, progress) in enumerate(zip(shown, shown[1:]), start=2):
             edits = messenger.status_edits()
             await delivery.on_state(progress)
-            await messenger.until(lambda: len(messenger.task_calls) == number)
+            await eventually(lambda: len(messenger.task_calls) == number, timeout=HANG_GUARD_SECONDS)
             if (before.current_phase, before.state) != (progress.current_phase, progress.state):
-                await messenger.until(lambda: messenger.status_edits() == edits + 1)
+                await eventually(lambda: messenger.status_edits() == edits + 1, timeout=HANG_GUARD_SECONDS)
         await delivery.finish(final(shown[-1]))
 
     asyncio.run(run())
@@ -188,10 +173,10 @@ def test_task_stream_appends_draw_on_an_allowance_of_their_own_not_the_status_ed
         delivery = delivery_of(session_factory, run_id, messenger, bucket=bucket)
         shown = states(run_id)
         await delivery.on_state(shown[0])
-        await messenger.until(lambda: messenger.kinds() == ["start"])
+        await eventually(lambda: messenger.kinds() == ["start"], timeout=HANG_GUARD_SECONDS)
         for number, progress in enumerate(shown[1:], start=2):
             await delivery.on_state(progress)
-            await messenger.until(lambda: len(messenger.task_calls) == number)
+            await eventually(lambda: len(messenger.task_calls) == number, timeout=HANG_GUARD_SECONDS)
         await delivery.finish(final(shown[-1]))
 
     asyncio.run(run())
@@ -211,11 +196,12 @@ def test_an_expired_stream_hands_progress_back_to_the_status_message_and_is_fini
         delivery = delivery_of(session_factory, run_id, messenger)
         shown = states(run_id)
         await delivery.on_state(shown[0])
-        await messenger.until(lambda: messenger.kinds() == ["start"])
+        await eventually(lambda: messenger.kinds() == ["start"], timeout=HANG_GUARD_SECONDS)
         await delivery.on_state(shown[1])  # planning: its append finds the stream expired
-        await messenger.until(lambda: delivery.progress_stream.fallen_back and delivery.editor.last_sent == shown[1])
+        await eventually(lambda: delivery.progress_stream.fallen_back and delivery.editor.last_sent == shown[1],
+                         timeout=HANG_GUARD_SECONDS)
         await delivery.on_state(shown[2])  # the plan: no phase change, yet the status message shows it now
-        await messenger.until(lambda: delivery.editor.last_sent == shown[2])
+        await eventually(lambda: delivery.editor.last_sent == shown[2], timeout=HANG_GUARD_SECONDS)
         await delivery.finish(final(shown[-1]))
 
     asyncio.run(run())
@@ -244,9 +230,10 @@ def test_a_later_attempt_finishes_the_earlier_attempt_s_progress_message_instead
         delivery = delivery_of(session_factory, run_id, first)
         shown = states(run_id)
         await delivery.on_state(shown[0])
-        await first.until(lambda: first.kinds() == ["start"])
+        await eventually(lambda: first.kinds() == ["start"], timeout=HANG_GUARD_SECONDS)
         await delivery.on_state(shown[1])
-        await first.until(lambda: first.kinds() == ["start", "append"])  # appended: the stream was recorded before
+        # Appended: the stream was recorded before.
+        await eventually(lambda: first.kinds() == ["start", "append"], timeout=HANG_GUARD_SECONDS)
         await delivery.stop_progress_stream()  # the worker died here
 
     asyncio.run(first_attempt())
@@ -258,7 +245,7 @@ def test_a_later_attempt_finishes_the_earlier_attempt_s_progress_message_instead
         delivery = delivery_of(session_factory, run_id, second)
         shown = states(run_id, attempt=2)
         await delivery.on_state(shown[0])
-        await second.until(lambda: delivery.progress_stream.fallen_back)
+        await eventually(lambda: delivery.progress_stream.fallen_back, timeout=HANG_GUARD_SECONDS)
         await delivery.finish(final(shown[-1]))
 
     asyncio.run(second_attempt())

@@ -22,6 +22,7 @@ from storage.db import make_engine, make_session_factory
 from storage.models import Base, Conversation, Event, Run
 from tests.fakes.llm import ChatRequest, FakeLLM, HandlerResult, default_research_model
 from tests.fakes.resolver import DictResolver
+from tests.waiting import eventually
 from worker.leases import reap
 from worker.queue import ADMITTED
 from tests.attempts import execute_stored
@@ -65,22 +66,13 @@ def test_events_are_shown_at_once_and_stored_together_shortly_after(session_fact
         await recorder(Progress(seq=3, phase="search", counts={"queries": 2}))
         before = stored_seqs(session_factory, run.id)
         delay_over.set()
-        await until(lambda: stored_seqs(session_factory, run.id) != [])
+        await eventually(lambda: stored_seqs(session_factory, run.id) != [], "the batched write", 5, interval=0.01)
         return before, stored_seqs(session_factory, run.id)
 
     before, after = asyncio.run(record())
     assert [progress.last_seq for progress in shown] == [1, 2, 3]
     assert delays == [0.1]  # one batched write for the three events
     assert before == [] and after == [1, 2, 3]
-
-
-async def until(condition) -> None:
-    """Let the event loop (and the write's thread) run until `condition()` holds; fails after about 5 s."""
-    for _ in range(500):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("the condition never held")
 
 
 def test_a_terminal_event_stores_everything_at_once(session_factory) -> None:
@@ -132,7 +124,7 @@ def test_events_a_failed_write_could_not_store_are_kept_for_the_next(session_fac
         recorder = RunRecorder(session_factory, run, None, write_delay=0.05, sleep=no_wait)
         monkeypatch.setattr(session_factory, "begin", begin)
         await recorder(PhaseStarted(seq=1, phase="search"))
-        await until(lambda: failed_writes)  # the batched write fails and is logged
+        await eventually(lambda: failed_writes, "the batched write to fail and be logged", 5, interval=0.01)
         broken["on"] = False
         await recorder(Complete(seq=2))
         return stored_seqs(session_factory, run.id)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 
 import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, insert, select, text
 
 from storage.db import SerialisedWriterConnection, make_engine
+from tests.waiting import wait_for
 
 metadata = MetaData()
 rows = Table("rows", metadata, Column("id", Integer, primary_key=True), Column("who", String(16)))
@@ -46,10 +46,8 @@ def test_a_second_writer_waits_for_the_first_to_commit_then_goes_at_once(engine)
             connection.execute(insert(rows).values(who="slow"))
             first_wrote.set()
             # Hold the write transaction until the second writer is waiting for the lock.
-            deadline = time.monotonic() + 10
-            while not waiting_for_the_writer_lock(threads[1]):
-                assert time.monotonic() < deadline, "the second writer never waited for the lock"
-                time.sleep(0.001)
+            wait_for(lambda: waiting_for_the_writer_lock(threads[1]), "the second writer to wait for the lock", 10,
+                     interval=0.001)
             events.append("slow commits")
 
     def second_writer() -> None:

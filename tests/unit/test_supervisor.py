@@ -4,21 +4,14 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from pathlib import Path
 
 from bot.supervisor import STABLE_AFTER_SECONDS, Child, Supervisor
+from tests.waiting import wait_for
 
 
 def python(code: str) -> list[str]:
     return [sys.executable, "-c", code]
-
-
-def wait_until(condition, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met"
-        time.sleep(0.02)
 
 
 def alive(pid: int) -> bool:
@@ -85,10 +78,10 @@ def test_stop_ends_the_child_s_whole_process_group(tmp_path: Path) -> None:
             f"open({str(grandchild)!r}, 'w').write(str(p.pid)); time.sleep(60)")
     child = Child("worker", argv=python(code))
     supervisor = Supervisor([child], check_every=3600).start()
-    wait_until(lambda: grandchild.exists() and grandchild.read_text())
+    wait_for(lambda: grandchild.exists() and grandchild.read_text(), "the grandchild's pid", 10.0, interval=0.02)
     pid = int(grandchild.read_text())
     supervisor.stop()
-    wait_until(lambda: not alive(pid) or _is_zombie(pid))
+    wait_for(lambda: not alive(pid) or _is_zombie(pid), "the grandchild to end", 10.0, interval=0.02)
 
 
 def test_a_child_does_not_get_the_terminal_s_ctrl_c() -> None:
@@ -119,6 +112,6 @@ def test_sigterm_is_what_asks_a_child_to_stop(tmp_path: Path) -> None:
             "time.sleep(60)\n")
     child = Child("worker", log_path=tmp_path / "log", argv=python(code))
     child.start()
-    wait_until(lambda: "ready" in (tmp_path / "log").read_text())
+    wait_for(lambda: "ready" in (tmp_path / "log").read_text(), "the child to be ready", 10.0, interval=0.02)
     child.stop()
     assert marker.read_text() == "clean" and child.process.returncode == 0
