@@ -154,14 +154,31 @@ def broker_transport_options() -> dict[str, float]:
     return {**options, "retry_on_timeout": True}
 
 
-def connect(redis_url: str, *, fail_fast: bool = False, socket_timeout: float = SOCKET_TIMEOUT_SECONDS) -> redis.Redis:
+# How long a call waits for a pooled connection when every one is busy (a burst of runs), before failing.
+POOL_WAIT_SECONDS = 10.0
+DEFAULT_MAX_CONNECTIONS = 50
+
+
+def connections_for(concurrency: int) -> int:
+    """A worker's pool size for `concurrency` runs at once: one connection each, and some for its own calls (the
+    reaper, admission, heartbeats)."""
+    return concurrency + 16
+
+
+def connect(redis_url: str, *, fail_fast: bool = False, socket_timeout: float = SOCKET_TIMEOUT_SECONDS,
+            max_connections: int = DEFAULT_MAX_CONNECTIONS) -> redis.Redis:
     """A client for `redis_url` (redis://, rediss:// or unix://) that gives up after `socket_timeout` seconds.
 
-    With `fail_fast`, a call fails within about a second when the server does not answer, without
-    redis-py's retries, for callers that have somewhere else to look.
+    It holds at most `max_connections` connections; a call that finds every one busy waits for one
+    (up to POOL_WAIT_SECONDS) instead of failing at once, as redis-py's default pool does (a burst
+    of finishing runs each taking the admission lock ran into its limit). With `fail_fast`, a call
+    fails within about a second when the server does not answer, without redis-py's retries, for
+    callers that have somewhere else to look.
     """
     if fail_fast:
-        return redis.Redis.from_url(redis_url, decode_responses=False, retry=Retry(NoBackoff(), 0),
-                                    **client_options(socket_timeout=1.0, connect_timeout=1.0))
-    return redis.Redis.from_url(redis_url, decode_responses=False, retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 1),
-                                **client_options(socket_timeout=socket_timeout))
+        retry, options = Retry(NoBackoff(), 0), client_options(socket_timeout=1.0, connect_timeout=1.0)
+    else:
+        retry, options = Retry(ExponentialBackoff(cap=0.5, base=0.05), 1), client_options(socket_timeout=socket_timeout)
+    pool = redis.BlockingConnectionPool.from_url(redis_url, decode_responses=False, retry=retry,
+                                                 max_connections=max_connections, timeout=POOL_WAIT_SECONDS, **options)
+    return redis.Redis.from_pool(pool)  # the client owns its pool: closing it closes the connections

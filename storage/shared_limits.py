@@ -22,7 +22,8 @@ from redis.backoff import ExponentialBackoff
 from redis.driver_info import DriverInfo
 from redis.retry import Retry
 
-from storage.redis import SOCKET_TIMEOUT_SECONDS, client_options
+from storage.redis import DEFAULT_MAX_CONNECTIONS, POOL_WAIT_SECONDS, SOCKET_TIMEOUT_SECONDS, client_options
+from storage.redis import connections_for as connections_for
 
 logger = logging.getLogger(__name__)
 
@@ -123,16 +124,6 @@ return {granted, wait}
 
 # What a Redis outage raises: redis-py's errors (connection, timeout, no pooled connection) and the OS's.
 REDIS_ERRORS = (redis.RedisError, OSError)
-# How long a call waits for a pooled connection when every one is busy (a burst of runs), before failing.
-POOL_WAIT_SECONDS = 10.0
-DEFAULT_MAX_CONNECTIONS = 50
-
-
-def connections_for(concurrency: int) -> int:
-    """The asyncio pool's size for a worker running `concurrency` runs at once: one each, and some for its own calls."""
-    return concurrency + 16
-
-
 @functools.cache
 def _driver_info() -> DriverInfo:
     # Made once: by default every new connection reads redis-py's version from the installed package's metadata

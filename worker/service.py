@@ -69,7 +69,7 @@ class WorkerRuntime:
         self._outbound: dict[str, Outbound | None] = {}
         self._outbound_lock = threading.Lock()
         self.redis_url = resolve_redis_url(settings.redis_url, settings.data_dir)
-        self.redis = connect(self.redis_url)
+        self.redis = connect(self.redis_url, max_connections=connections_for(settings.worker_concurrency))
         self.sessions = make_session_factory(worker_engine(settings))
         self.queue = Queue(self.sessions, self.redis, Limits(settings.max_runs_per_user, settings.max_runs_per_workspace),
                            send_task)

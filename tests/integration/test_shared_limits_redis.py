@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -27,6 +28,7 @@ from storage.shared_limits import (
     connect_async,
     redis_lock,
 )
+from storage.redis import connect
 from worker.cancels import CancelWatcher, redis_flags
 from tests.waiting import eventually, wait_for
 from worker.progress import StatusEditor
@@ -352,3 +354,21 @@ def test_more_calls_at_once_than_pooled_connections_wait_for_one_instead_of_fail
             await client.aclose()
 
     assert asyncio.run(burst()) == [True] * 40
+
+
+def test_the_synchronous_client_waits_for_a_pooled_connection_instead_of_failing(redis_url: str, prefix: str) -> None:
+    # The worker's synchronous client (admission's lock, heartbeats) ran out of redis-py's default pool when a burst
+    # of finishing runs each took the admission lock at once: MaxConnectionsError, and those admissions were lost.
+    client = connect(redis_url, max_connections=2)
+    try:
+        held = [client.connection_pool.get_connection(), client.connection_pool.get_connection()]
+        answered = threading.Event()
+        waiter = threading.Thread(target=lambda: (client.set(prefix + "waited", "1"), answered.set()), daemon=True)
+        waiter.start()  # both connections are out: the call can only wait (redis-py's default pool raised here)
+        client.connection_pool.release(held.pop())
+        assert answered.wait(10), "the waiting call never got the released connection"
+        assert client.get(prefix + "waited") == b"1"
+        client.connection_pool.release(held.pop())
+        waiter.join(5)
+    finally:
+        client.close()
