@@ -17,11 +17,9 @@ from research.providers.base import (
 )
 from research.providers.brave import BraveProvider
 from research.providers.duckduckgo import DdgsSearch, DuckDuckGoProvider
-from research.providers.exa import ExaProvider
 from research.providers.firecrawl import FirecrawlProvider, FirecrawlScraper
 from research.providers.router import NoSearchProviderError, ProviderUsage, SearchRouter, Sleep
 from research.providers.searxng import SearxngProvider
-from research.providers.tavily import TavilyProvider
 from research.sources import SourceRegistry
 
 
@@ -32,7 +30,10 @@ def build_provider(
     if not config.is_configured(name):
         raise ValueError(f"search provider {name} is not configured")
     timeout = config.timeout_seconds
+    # The SDK-backed providers are imported only when configured: exa-py alone took a good part of a run's start-up.
     if name == "tavily":
+        from research.providers.tavily import TavilyProvider
+
         return TavilyProvider(
             http, api_key=config.tavily_api_key or "", base_url=config.tavily_base_url,
             timeout_seconds=timeout, restrict_to_preferred=config.restrict_to_preferred,
@@ -40,6 +41,8 @@ def build_provider(
     if name == "brave":
         return BraveProvider(http, api_key=config.brave_api_key or "", base_url=config.brave_base_url, timeout_seconds=timeout)
     if name == "exa":
+        from research.providers.exa import ExaProvider
+
         return ExaProvider(
             http, api_key=config.exa_api_key or "", base_url=config.exa_base_url,
             timeout_seconds=timeout, restrict_to_preferred=config.restrict_to_preferred,
@@ -98,6 +101,19 @@ def build_router(
         not_configured=[name for name in wanted if name not in usable],
         sleep=sleep,
     )
+
+
+def __getattr__(name: str) -> object:
+    """`ExaProvider` and `TavilyProvider`, imported (with their SDKs) on first use rather than with this package."""
+    if name == "ExaProvider":
+        from research.providers.exa import ExaProvider
+
+        return ExaProvider
+    if name == "TavilyProvider":
+        from research.providers.tavily import TavilyProvider
+
+        return TavilyProvider
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 from tests.import_profile import RUN_MODULES, STORAGE_MODULES, ImportProfile, profile_command
@@ -38,3 +40,19 @@ def test_research_with_a_bad_setting_names_it_before_loading_the_engine() -> Non
     assert result.returncode == 2 and "RESEARCH_MAX_ROUNDS" in result.stderr
     assert "config.settings" in result.names, "the settings were read"
     assert result.loaded(RUN_MODULES) == []
+
+
+def test_a_run_with_one_search_provider_loads_no_other_provider_s_sdk() -> None:
+    # exa-py alone took a good part of a research run's start-up though only Tavily was configured.
+    script = (
+        "import sys, httpx\n"
+        "from research.engine import research\n"
+        "from research.providers import SearchConfig, build_router\n"
+        "async def emit(event): pass\n"
+        "config = SearchConfig(providers=['tavily'], tavily_api_key='tvly-test')\n"
+        "router = build_router(config, http=httpx.AsyncClient(), emit=emit)\n"
+        "print(sorted(name for name in ('exa_py', 'tavily') if name in sys.modules))\n"
+    )
+    ran = subprocess.run([sys.executable, "-c", script], cwd=Path.cwd(), capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.split() == ["['tavily']"]
