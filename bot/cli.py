@@ -146,13 +146,19 @@ def _run_in_terminal(mode: RunMode, question: str, options: RunOptions, output_f
     from worker.runner import RunnerServices
     from worker.toolkit import build_research_tools, research_options
 
+    pool = cpu_pool(2, task_timeout_seconds=settings.extract_timeout_seconds,
+                    memory_limit_bytes=settings.extract_memory_limit_mb * 1024 * 1024)
     try:
-        tools = build_research_tools(settings, cpu_pool=cpu_pool(
-            2, task_timeout_seconds=settings.extract_timeout_seconds,
-            memory_limit_bytes=settings.extract_memory_limit_mb * 1024 * 1024))
+        tools = build_research_tools(settings, cpu_pool=pool)
     except ValueError as error:
+        pool.shutdown(wait=False)
         typer.echo(str(error), err=True)
         raise typer.Exit(code=2) from None
+    if mode == "research":
+        # Its processes start and import the readers while the run plans, not when its first pages arrive.
+        from research.extract import loaded
+
+        pool.warm(loaded)
     sessions = _database(settings)
     run_id = create_run(sessions, place=TERMINAL, requester=TERMINAL_USER, mode=mode, question=question, options=options)
     console = Console(stderr=True)
@@ -182,15 +188,17 @@ def _run_in_terminal(mode: RunMode, question: str, options: RunOptions, output_f
 
     try:
         state, partial = asyncio.run(main())
+        text = export_run(sessions, run_id, output_format)
+        if text is not None:
+            # Printed before the pool's processes are stopped: waiting for them to exit took about a second.
+            # A partial run finished (exit 0) without doing all that was asked: it never reads "done".
+            _write_report(text, output_format, out,
+                          done_line=f"Run {run_id} ended {'partial' if partial and state == 'done' else state}")
     finally:
-        if tools.cpu_pool is not None:
-            tools.cpu_pool.shutdown(cancel_futures=True)
-    text = export_run(sessions, run_id, output_format)
+        pool.shutdown(cancel_futures=True)
     if text is None:
         typer.echo(f"Run {run_id} ended {state} with no report.", err=True)
         raise typer.Exit(code=1)
-    # A partial run finished (exit 0) without doing all that was asked: it never reads "done".
-    _write_report(text, output_format, out, done_line=f"Run {run_id} ended {'partial' if partial and state == 'done' else state}")
     if state != "done":
         raise typer.Exit(code=1)
 

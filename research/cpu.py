@@ -169,6 +169,12 @@ class SupervisedPool(Executor):
         self._dispatch(_Call(fn, args, kwargs, outcome))
         return outcome
 
+    def warm(self, load: Callable[[], None]) -> list[Future[None]]:
+        """Start every process now and run `load` in each (a function whose module imports what the tasks need),
+        so the first task does not wait for a process to spawn and import: a run's first pages arrived before the
+        pool that reads them had started. Returns the warm-up's futures (a failure there only costs the warmth)."""
+        return [self.submit(load) for _ in range(self.max_workers)]
+
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Stop the watchdog and the current processes; with `wait`, until they have exited."""
         self._shut_down.set()
