@@ -112,22 +112,21 @@ def _conversation_where(key: ThreadKey) -> tuple[ColumnElement[bool], ...]:
 def thread_view(sessions: Sessions, key: ThreadKey) -> ThreadView | None:
     """The conversation in `key`'s thread with its runs, or None when deepthread has none there."""
     with sessions() as session:
-        conversation = session.scalar(select(Conversation).where(*_conversation_where(key)))
-        if conversation is None:
-            return None
-        runs = list(session.scalars(select(Run).where(Run.conversation_id == conversation.id).order_by(Run.id)))
-        session.expunge_all()
-        return ThreadView(conversation=conversation, runs=runs)
+        return _view_of(session, session.scalar(select(Conversation).where(*_conversation_where(key))))
 
 
 def thread_view_of_run(sessions: Sessions, run: Run) -> ThreadView | None:
     """The conversation `run` lives in, with its runs."""
     with sessions() as session:
-        conversation = session.get(Conversation, run.conversation_id)
-        if conversation is None:
-            return None
-        key = ThreadKey(conversation.platform, conversation.workspace, conversation.channel, conversation.thread)
-    return thread_view(sessions, key)
+        return _view_of(session, session.get(Conversation, run.conversation_id))
+
+
+def _view_of(session: Session, conversation: Conversation | None) -> ThreadView | None:
+    if conversation is None:
+        return None
+    runs = list(session.scalars(select(Run).where(Run.conversation_id == conversation.id).order_by(Run.id)))
+    session.expunge_all()
+    return ThreadView(conversation=conversation, runs=runs)
 
 
 def load_run(sessions: Sessions, run_id: int) -> Run | None:

@@ -23,7 +23,6 @@ from redis.driver_info import DriverInfo
 from redis.retry import Retry
 
 from storage.redis import DEFAULT_MAX_CONNECTIONS, POOL_WAIT_SECONDS, SOCKET_TIMEOUT_SECONDS, client_options
-from storage.redis import connections_for as connections_for
 
 logger = logging.getLogger(__name__)
 

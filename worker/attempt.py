@@ -46,12 +46,12 @@ from worker.runner import (
     RunnerServices,
     RunRecorder,
     StartedAttempt,
-    _context_text,
-    _findings,
-    _history,
-    _outcome,
-    _stored_passages,
-    _without_current_question,
+    context_text,
+    findings_of,
+    turns_of,
+    outcome_of,
+    passages_and_sources,
+    without_current_question,
     as_started,
     options_for_run,
 )
@@ -168,9 +168,9 @@ class RunAttempt:
             # What the bot said joins the thread's history, so follow-ups and revisions have it as context.
             reply_text = report.body_markdown[:MAX_HISTORY_REPLY_CHARS] if report is not None else None
             # Rendering a long report takes a while: not on the loop the runs share.
-            outcome = await asyncio.to_thread(_outcome, final_state, state, report, error, reply_text, cancelled_by)
+            outcome = await asyncio.to_thread(outcome_of, final_state, state, report, error, reply_text, cancelled_by)
             stored = await self._store_outcome(functools.partial(
-                afinish_attempt, services.sessions, run.id, run.attempt, outcome, _findings(state)))
+                afinish_attempt, services.sessions, run.id, run.attempt, outcome, findings_of(state)))
         finally:
             lease_keeper.cancel()
         if not stored:
@@ -193,8 +193,8 @@ class RunAttempt:
         options = options_for_run(services.options, run.options)
         inputs = await arun_inputs(services.sessions, run.conversation_id, history_messages=HISTORY_MESSAGES,
                                    answer_from_run=run.options.answer_from_run if run.mode == "followup" else None)
-        earlier = _without_current_question(_history(inputs.history), run.question)
-        passages, sources = _stored_passages(inputs.passages)
+        earlier = without_current_question(turns_of(inputs.history), run.question)
+        passages, sources = passages_and_sources(inputs.passages)
         # The thread's history takes at most CHAT_MAX_CONTEXT_TOKENS, and at most a quarter of the model's window, so
         # the passages and the answer keep their room (the window is asked of the server once per process).
         window = await tools.llm.context_tokens()
@@ -205,10 +205,10 @@ class RunAttempt:
         work: Awaitable[Report | None]
         match run.mode:
             case "research":
-                work = engine.research(run.question, plan=run.plan, context=_context_text(history), options=options,
+                work = engine.research(run.question, plan=run.plan, context=context_text(history), options=options,
                                        tools=tools, events=recorder, cancel=cancel, state=state, first_seq=first_seq)
             case "plan":
-                work = engine.plan(run.question, context=_context_text(history), llm=tools.llm, today=tools.today(),
+                work = engine.plan(run.question, context=context_text(history), llm=tools.llm, today=tools.today(),
                                    events=recorder, cancel=cancel, state=state, first_seq=first_seq)
             case "chat":
                 work = engine.chat(run.question, history=history, llm=tools.llm, today=tools.today(), options=options,

@@ -165,25 +165,25 @@ class RunRecorder:
             logger.warning("could not store the events of run %s yet", self.run_id, exc_info=True)
 
 
-def _history(messages: list[Message]) -> list[Turn]:
+def turns_of(messages: list[Message]) -> list[Turn]:
     return [Turn(role="assistant" if message.role == "assistant" else "user", content=message.text)
             for message in messages]
 
 
-def _without_current_question(history: list[Turn], question: str) -> list[Turn]:
+def without_current_question(history: list[Turn], question: str) -> list[Turn]:
     """The history before the question being answered (the bot stored it as the thread's last message)."""
     if history and history[-1]["role"] == "user" and history[-1]["content"] == question:
         return history[:-1]
     return history
 
 
-def _context_text(history: list[Turn]) -> str | None:
+def context_text(history: list[Turn]) -> str | None:
     if not history:
         return None
     return "\n".join(f"{turn['role']}: {turn['content']}" for turn in history)
 
 
-def _stored_passages(rows: list[StoredPassage]) -> tuple[list[FoundPassage], dict[str, SearchResult]]:
+def passages_and_sources(rows: list[StoredPassage]) -> tuple[list[FoundPassage], dict[str, SearchResult]]:
     """The passages and sources of the run a follow-up answers from, as the engine takes them."""
     passages = [FoundPassage(id=row.passage_id, source_id=row.source_id, text=row.text, start=row.start,
                              end=row.end, is_snippet=row.is_snippet) for row in rows]
@@ -222,7 +222,7 @@ def start_attempt(sessions: Sessions, run_id: int, owner: str, lease_seconds: fl
     return as_started(take_attempt(sessions, run_id, owner, lease_seconds))
 
 
-def _findings(state: engine.ResearchState) -> Findings:
+def findings_of(state: engine.ResearchState) -> Findings:
     """What the run gathered, as storage keeps it: its sources (with how fetching them went), passages and citations."""
     sources = []
     for source_id, found in state.sources.items():
@@ -238,7 +238,7 @@ def _findings(state: engine.ResearchState) -> Findings:
     return Findings(sources, passages, citations)
 
 
-def _outcome(final_state: RunState, state: engine.ResearchState, report: Report | None, error: str | None,
+def outcome_of(final_state: RunState, state: engine.ResearchState, report: Report | None, error: str | None,
              reply_text: str | None, cancelled_by: str | None) -> AttemptOutcome:
     """How the attempt ended, as its run's row keeps it: with the report, or with the partial reason the engine gave."""
     report_columns: dict[str, Any] = {}

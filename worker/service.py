@@ -19,7 +19,7 @@ from storage.answer_drafts import AnswerDraftWriter
 from storage.admission import aqueue_positions
 from storage.db import Engine, make_session_factory, pooled_engine
 from storage.leases import fail_unstartable
-from storage.redis import connect, resolve_redis_url
+from storage.redis import connect, connections_for, resolve_redis_url
 from storage.shared_limits import (
     HEARTBEAT_SECONDS,
     EditBucket,
@@ -27,7 +27,6 @@ from storage.shared_limits import (
     RedisRateLimiter,
     beat,
     connect_async,
-    connections_for,
 )
 from worker.cancels import CancelWatcher, redis_flags, row_flags
 from worker.delivery import DeliveryRetry, DeliveryTarget, RunDelivery, show_queue_positions, sweep_undelivered
