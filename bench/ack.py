@@ -8,8 +8,10 @@ API). Each request is signed as Slack signs it and sent one after another over a
 to the ack is the client-measured time from sending the request to receiving the whole response. A few
 `/research help` requests (which start no run) warm the connection and bolt's one-time `auth.test` first.
 
-After the last ack the benchmark waits for the core to finish the work it does after acknowledging, and asserts
-that exactly one run per request was created.
+After the last ack the benchmark waits until every command is answered: a run stored for it, or a private refusal
+at its `response_url` (no worker takes runs here, so each requester's runs past MAX_QUEUED_PER_USER are refused);
+it asserts that none is left unanswered, that nobody has more runs waiting than the cap, and that a new person's
+command right after the burst is acknowledged and stored as quickly as ever.
 
     .venv/bin/python bench/ack.py [--requests 200] [--users 20]
 """
@@ -21,7 +23,9 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -35,6 +39,7 @@ from bot.slack.bundle import BUNDLE as SLACK  # noqa: E402
 from bot.slack.server import build_http_app  # noqa: E402
 from config import Settings, load_settings  # noqa: E402
 from storage.db import make_engine, make_session_factory  # noqa: E402
+from storage.admission import waiting  # noqa: E402
 from storage.migrate import upgrade  # noqa: E402
 from storage.models import Run  # noqa: E402
 from tests.fakes.server import LoopbackServer  # noqa: E402
@@ -45,7 +50,7 @@ from tests.services import redis_server  # noqa: E402
 SIGNING_SECRET = "bench-signing-secret"
 CHANNEL = "C0BENCH"
 WARM_UP_REQUESTS = 5
-ALL_RUNS_TIMEOUT_SECONDS = 120.0
+ALL_ANSWERS_TIMEOUT_SECONDS = 120.0
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -55,39 +60,82 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[rank - 1]
 
 
-def count_runs(settings: Settings) -> int:
+def questions_with_runs(settings: Settings) -> tuple[list[str], dict[str, int]]:
+    """The questions of every stored run, and how many runs each requester has waiting in the queue."""
     engine = make_engine(settings.database_url)
     try:
         with make_session_factory(engine)() as session:
-            return int(session.scalar(select(func.count()).select_from(Run)) or 0)
+            questions = list(session.scalars(select(Run.question)))
+            rows = session.execute(select(Run.requested_by, func.count()).where(waiting()).group_by(Run.requested_by))
+            waiting_by_user = {str(user): int(count) for user, count in rows}
+            return questions, waiting_by_user
     finally:
         engine.dispose()
 
 
-def wait_for_runs(settings: Settings, expected: int) -> float:
-    """Seconds until `expected` runs are stored; raises AssertionError after ALL_RUNS_TIMEOUT_SECONDS."""
+@dataclass
+class Command:
+    """One `/research` request sent: its question and the `response_url` path its private replies go to."""
+
+    question: str
+    response_path: str
+    ack_seconds: float = 0.0
+
+
+@dataclass
+class Answers:
+    """What became of each command: a run, a private refusal at its `response_url`, or nothing (yet)."""
+
+    runs: int
+    refused: int
+    other_replies: int
+    unanswered: int
+
+
+def answers(settings: Settings, catcher: ResponseUrlCatcher, sent: list[Command]) -> Answers:
+    questions = set(questions_with_runs(settings)[0])
+    replied = {response.path: response.payload.get("text", "") for response in catcher.responses()}
+    runs = refused = other = unanswered = 0
+    for command in sent:
+        if command.question in questions:
+            runs += 1
+        elif "runs waiting in the queue" in replied.get(command.response_path, ""):
+            refused += 1
+        elif command.response_path in replied:
+            other += 1
+        else:
+            unanswered += 1
+    return Answers(runs=runs, refused=refused, other_replies=other, unanswered=unanswered)
+
+
+def wait_for_answers(settings: Settings, catcher: ResponseUrlCatcher, sent: list[Command]) -> tuple[float, Answers]:
+    """Seconds until every command has its run or its reply (or ALL_ANSWERS_TIMEOUT_SECONDS passed), and the tally."""
     started = time.monotonic()
-    while count_runs(settings) < expected:
-        if time.monotonic() - started > ALL_RUNS_TIMEOUT_SECONDS:
-            raise AssertionError(f"only {count_runs(settings)} of {expected} runs were created")
-        time.sleep(0.05)
-    return time.monotonic() - started
+    while True:
+        tally = answers(settings, catcher, sent)
+        if tally.unanswered == 0 or time.monotonic() - started > ALL_ANSWERS_TIMEOUT_SECONDS:
+            return time.monotonic() - started, tally
+        time.sleep(0.1)
 
 
-def send_commands(sender: SlackEventSender, requests: int, users: int) -> list[float]:
-    """Send `requests` signed `/research` commands one after another; the seconds each took to be acknowledged."""
+def send_command(sender: SlackEventSender, question: str, user: str) -> Command:
+    """Send one signed `/research` command; it must be acknowledged with an empty 200."""
+    request = sender.command("/research", question, user=user, channel=CHANNEL)
+    response_url = parse_qs(request.body)["response_url"][0]
+    started = time.perf_counter()
+    response = sender.send(request)
+    seconds = time.perf_counter() - started
+    assert response.status_code == 200 and response.text == "", (response.status_code, response.text)
+    return Command(question=question, response_path=urlsplit(response_url).path, ack_seconds=seconds)
+
+
+def send_commands(sender: SlackEventSender, requests: int, users: int) -> list[Command]:
+    """Send `requests` signed `/research` commands one after another, from `users` requesters in turn."""
     for _ in range(WARM_UP_REQUESTS):
         response = sender.send(sender.command("/research", "help", user="U0WARMUP", channel=CHANNEL))
         assert response.status_code == 200, response.text
-    seconds: list[float] = []
-    for number in range(requests):
-        request = sender.command("/research", f"question {number}: what changed in battery chemistry in 2024?",
-                                 user=f"U{number % users:08d}", channel=CHANNEL)
-        started = time.perf_counter()
-        response = sender.send(request)
-        seconds.append(time.perf_counter() - started)
-        assert response.status_code == 200 and response.text == "", (response.status_code, response.text)
-    return seconds
+    return [send_command(sender, f"question {number}: what changed in battery chemistry in 2024?",
+                         f"U{number % users:08d}") for number in range(requests)]
 
 
 def main() -> None:
@@ -108,23 +156,32 @@ def main() -> None:
         with LoopbackServer(build_http_app(app)) as server:
             sender = SlackEventSender(f"{server.url}/slack/events", SIGNING_SECRET, response_url=catcher.url)
             wall_started = time.monotonic()
-            seconds = send_commands(sender, arguments.requests, arguments.users)
+            sent = send_commands(sender, arguments.requests, arguments.users)
             sending = time.monotonic() - wall_started
-            settled = wait_for_runs(settings, arguments.requests)
+            settled, tally = wait_for_answers(settings, catcher, sent)
+            # Right after the burst, a new person's command: acknowledged, and its run stored, as quickly as ever.
+            after = send_command(sender, "one more question: is the app still answering?", "U0AFTER01")
+            next_run_s, after_tally = wait_for_answers(settings, catcher, [after])
             sender.close()
-        created = count_runs(settings)
-        status_messages = len(slack.calls("chat.postMessage")) - arguments.requests
+        waiting_by_user = questions_with_runs(settings)[1]
 
-    assert created == arguments.requests, f"{created} runs for {arguments.requests} requests"
-    milliseconds = [value * 1000 for value in seconds]
+    milliseconds = [command.ack_seconds * 1000 for command in sent]
     p50, p99 = percentile(milliseconds, 0.50), percentile(milliseconds, 0.99)
     print(f"{arguments.requests} signed /research requests, one at a time, {arguments.users} requesters; "
           f"sent and acknowledged in {sending:.2f} s")
     print(f"time to ack: p50 {p50:.1f} ms, p90 {percentile(milliseconds, 0.90):.1f} ms, p99 {p99:.1f} ms, "
           f"max {max(milliseconds):.1f} ms, mean {statistics.fmean(milliseconds):.1f} ms")
-    print(f"runs created: {created}; the core finished {settled:.2f} s after the last ack "
-          f"({status_messages} status messages besides the {arguments.requests} question messages)")
-    print(f"p50_ms={p50:.1f} p99_ms={p99:.1f}")
+    print(f"answered {settled:.2f} s after the last ack: {tally.runs} runs, {tally.refused} private refusals "
+          f"(MAX_QUEUED_PER_USER={settings.max_queued_per_user}; no worker takes runs here), "
+          f"{tally.other_replies} other replies, {tally.unanswered} unanswered; most waiting for one person: "
+          f"{max(waiting_by_user.values(), default=0)}")
+    print(f"a new command after the burst: acknowledged in {after.ack_seconds * 1000:.1f} ms, "
+          f"its run stored {next_run_s:.2f} s later")
+    assert tally.unanswered == 0 and tally.other_replies == 0, tally
+    assert after_tally.runs == 1, after_tally
+    assert max(waiting_by_user.values(), default=0) <= settings.max_queued_per_user, waiting_by_user
+    print(f"p50_ms={p50:.1f} p99_ms={p99:.1f} runs={tally.runs} refused={tally.refused} "
+          f"unanswered={tally.unanswered} next_ack_ms={after.ack_seconds * 1000:.1f} next_run_s={next_run_s:.2f}")
 
 
 if __name__ == "__main__":

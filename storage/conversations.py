@@ -8,10 +8,11 @@ stores a new run, its status message and its feedback here. Every function is bl
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
-from sqlalchemy import ColumnElement, Select, func, or_, select, update
+from sqlalchemy import ColumnElement, Select, false, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -95,6 +96,14 @@ class NewRun:
 class ThreadBusy(Exception):
     """The database refused a new run of the thread: most likely another went in flight a moment ago (it keeps one
     a thread); the error it raised is the cause."""
+
+
+class QueueFull(Exception):
+    """The requester already has `waiting` runs waiting in the queue, as many as a new run may find."""
+
+    def __init__(self, waiting: int) -> None:
+        super().__init__(f"{waiting} runs waiting")
+        self.waiting = waiting
 
 
 class RunRow(NamedTuple):
@@ -195,13 +204,22 @@ def daily_quota_reached(sessions: Sessions, quotas: DailyQuotas, *, user: str, w
         return quota_reached(session, quotas, user=user, workspace=workspace, now=now)
 
 
-def store_run(sessions: Sessions, new: NewRun) -> int:
+def store_run(sessions: Sessions, new: NewRun, *, max_waiting: int | None = None) -> int:
     """Store the run (and its conversation, the thread's history and the question as messages); returns its id.
 
-    Raises ThreadBusy when another run of the thread went in flight meanwhile.
+    With `max_waiting`, the requester's waiting runs are counted in the same transaction, one new run of theirs
+    at a time, and QueueFull is raised when they already have that many: a burst of commands cannot slip past
+    the queue cap between the count and the insert. Raises ThreadBusy when another run of the thread went in
+    flight meanwhile.
     """
     try:
         with sessions.begin() as session:
+            if max_waiting is not None:
+                _one_new_run_at_a_time(session, new.requested_by)
+                waiting_now = session.scalar(select(func.count()).select_from(Run).where(
+                    Run.requested_by == new.requested_by, waiting())) or 0
+                if waiting_now >= max_waiting:
+                    raise QueueFull(waiting_now)
             if new.visibility == PRIVATE:
                 # A channel made private since its first runs: none of them may be listed elsewhere any longer.
                 key = new.key
@@ -222,6 +240,20 @@ def store_run(sessions: Sessions, new: NewRun) -> int:
     except IntegrityError as error:
         # Most likely the one-in-flight index; the caller looks at the thread again to tell.
         raise ThreadBusy(new.key.thread) from error
+
+
+def _one_new_run_at_a_time(session: Session, requester: str) -> None:
+    """Hold, until the transaction ends, a lock that any other transaction storing a run of `requester` waits for.
+
+    PostgreSQL: a transaction-scoped advisory lock keyed by the requester. SQLite: the database's one write lock,
+    taken now by an UPDATE that matches nothing (SQLite admits one writer at a time, so this serialises every
+    writer briefly, which SQLite does anyway at the insert that follows).
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        key = int.from_bytes(hashlib.blake2b(requester.encode("utf-8"), digest_size=8).digest(), "big", signed=True)
+        session.execute(select(func.pg_advisory_xact_lock(key)))
+    else:
+        session.execute(update(Run).where(false()).values(requested_by=requester))
 
 
 def _conversation(session: Session, new: NewRun) -> Conversation:

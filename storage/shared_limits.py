@@ -367,6 +367,9 @@ def read_cancel_flags(redis_client: redis.Redis, run_ids: list[int], *, key: str
     return {run_id: _as_text(value) for run_id, value in zip(run_ids, values) if value is not None}
 
 
+LOCK_POLL_SECONDS = 0.005
+
+
 @overload
 def redis_lock(redis_client: redis.asyncio.Redis, name: str, *, timeout: float,
                blocking_timeout: float | None = None) -> redis.asyncio.lock.Lock: ...
@@ -379,8 +382,11 @@ def redis_lock(redis_client: redis.Redis, name: str, *, timeout: float,
 
 def redis_lock(redis_client: redis.Redis | redis.asyncio.Redis, name: str, *, timeout: float,
                blocking_timeout: float | None = None) -> redis.lock.Lock | redis.asyncio.lock.Lock:
-    """A lock named `name` that expires after `timeout` seconds (use with `with`/`async with`); acquiring raises redis.exceptions.LockError after `blocking_timeout`."""
-    return redis_client.lock(f"deepthread:lock:{name}", timeout=timeout, blocking_timeout=blocking_timeout)
+    """A lock named `name` that expires after `timeout` seconds (use with `with`/`async with`); acquiring raises
+    redis.exceptions.LockError after `blocking_timeout`. A waiter polls every LOCK_POLL_SECONDS (redis-py's default,
+    0.1 s, would add up to a tenth of a second to every wait for a lock held a few milliseconds)."""
+    return redis_client.lock(f"deepthread:lock:{name}", timeout=timeout, blocking_timeout=blocking_timeout,
+                             sleep=LOCK_POLL_SECONDS)
 
 
 def _as_text(value: bytes | str) -> str:

@@ -30,7 +30,7 @@ from storage.admission import (
 )
 from storage.db import Sessions
 from storage.leases import ADMITTED
-from storage.shared_limits import REDIS_ERRORS, set_cancel_flag
+from storage.shared_limits import REDIS_ERRORS, redis_lock, set_cancel_flag
 from storage.vocabulary import RunState
 
 # ADMITTED: the lease owner of a run admitted here and not started yet (storage.leases names the others).
@@ -42,7 +42,7 @@ logger = logging.getLogger(__name__)
 QUEUE_NAME = "deepthread"
 TASK_BY_MODE = {"research": "deepthread.research", "plan": "deepthread.plan", "chat": "deepthread.chat",
                 "followup": "deepthread.chat"}
-ADMISSION_LOCK = "deepthread:lock:admission"
+ADMISSION_LOCK = "admission"  # deepthread:lock:admission
 # Present while Redis keeps its data; an admission pass that finds it gone knows queued task messages were lost.
 BROKER_MARK = "deepthread:queue:broker-mark"
 
@@ -79,7 +79,7 @@ class Queue:
     def admit(self) -> list[int]:
         """Send the tasks of the oldest queued runs the limits allow; returns their ids; raises redis errors."""
         # The lock outlives SQLite's 30 s busy timeout, so it cannot expire while admission still runs.
-        with self.redis.lock(ADMISSION_LOCK, timeout=120, blocking_timeout=60):
+        with redis_lock(self.redis, ADMISSION_LOCK, timeout=120, blocking_timeout=60):
             messages_lost = bool(self.redis.set(BROKER_MARK, "1", nx=True))
             lost = admitted_not_started(self.sessions) if messages_lost else []
             admitted = admit_waiting(self.sessions, per_user=self.limits.per_user,

@@ -32,6 +32,7 @@ from bot.conversation.rules import (
     View,
     busy_reply,
     decide,
+    queue_full_reply,
 )
 from bot.conversation.suggestions import PastQuestion, suggested_prompts
 from chat.message import Content, FileUpload, MessageRef, Messenger, Place
@@ -40,6 +41,7 @@ from chat.state import RunProgress, initial_progress
 from research.report import EXPORTERS, ExportFormat, Report
 from storage.conversations import (
     NewRun,
+    QueueFull,
     ThreadBusy,
     ThreadKey,
     adaily_quota_reached,
@@ -157,7 +159,13 @@ class ConversationCore:
                      plan=start.plan, message_id=event.message_id, visibility=event.channel_visibility,
                      history=start.history)
         try:
-            run_id = await astore_run(self.sessions, new)
+            run_id = await astore_run(self.sessions, new, max_waiting=self.settings.max_queued_per_user)
+        except QueueFull as full:
+            # Another command of this person's was stored since their waiting runs were counted for the rules.
+            refusal = queue_full_reply(full.waiting, self.settings)
+            if status is not None:  # the thread opened for this run says it did not start
+                await self.messenger.edit(status, self.renderer.notice(f"Not started: {refusal.text}"))
+            return Outcome(replies=[refusal], thread=start.thread)
         except ThreadBusy:
             view = await athread_view(self.sessions, key)
             if view is None or view.active is None:

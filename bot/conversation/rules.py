@@ -217,13 +217,18 @@ def _start(event: ChatEvent, view: View, settings: CoreSettings, start: StartRun
 
 def refusal_of(event: ChatEvent, view: View, settings: CoreSettings) -> Reply | None:
     """Why a new run by the event's person is refused (the queue cap, then the daily quotas), else None."""
-    limit = settings.max_queued_per_user
-    if view.waiting_runs >= limit:
-        return Reply(private=True, text=f"You already have {view.waiting_runs} runs waiting in the queue (the limit is "
-                                        f"{limit}). They start as earlier ones finish; cancel one to ask something new.")
+    if view.waiting_runs >= settings.max_queued_per_user:
+        return queue_full_reply(view.waiting_runs, settings)
     if view.quota is not None:
         return Reply(private=True, text=quota_refusal_text(view.quota, view.now))
     return None
+
+
+def queue_full_reply(waiting_runs: int, settings: CoreSettings) -> Reply:
+    """The private refusal of a person who already has `waiting_runs` runs waiting (at or over the cap)."""
+    return Reply(private=True, text=f"You already have {waiting_runs} runs waiting in the queue (the limit is "
+                                    f"{settings.max_queued_per_user}). They start as earlier ones finish; cancel one "
+                                    "to ask something new.")
 
 
 # -- replies in a thread we own --------------------------------------------------------------------------------------

@@ -1,12 +1,16 @@
-"""The daily quotas' SQL on the migrated schema, on SQLite and on a real PostgreSQL."""
+"""The daily quotas' SQL and the queue cap's on the migrated schema, on SQLite and on a real PostgreSQL."""
 
 from __future__ import annotations
 
 import datetime as dt
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from storage.conversations import NewRun, QueueFull, ThreadKey, store_run
 from storage.models import Conversation, Event, Run
 from storage.quotas import DailyQuotas, QuotaReached, quota_reached, runs_started_since, workspace_cost_since
 
@@ -63,3 +67,31 @@ def test_quota_reached_names_the_first_limit_broken_and_the_next_midnight(sessio
         assert quota_reached(session, DailyQuotas(runs_per_user=3, cost_per_workspace=3.0), user="bob",
                              workspace="T2", now=NOW) is None
         assert quota_reached(session, DailyQuotas(), user="alice", workspace="T1", now=NOW) is None
+
+
+def test_a_burst_of_one_persons_runs_stops_at_the_queue_cap(sessions: sessionmaker[Session]) -> None:
+    """Twelve threads store a run of the same person at the same moment: the count and the insert are one step,
+    so exactly `max_waiting` are stored and the rest are refused with the number found waiting."""
+    burst, cap = 12, 3
+    start = threading.Barrier(burst)
+
+    def store(number: int) -> int | QueueFull:
+        new = NewRun(key=ThreadKey("slack", "T1", "C1", f"burst.{number}"), mode="research", question="q",
+                     requested_by="slack:U0ALICE01")
+        start.wait()
+        try:
+            return store_run(sessions, new, max_waiting=cap)
+        except QueueFull as full:
+            return full
+
+    with ThreadPoolExecutor(max_workers=burst) as pool:
+        outcomes = list(pool.map(store, range(burst)))
+    stored = [outcome for outcome in outcomes if isinstance(outcome, int)]
+    refused = [outcome for outcome in outcomes if isinstance(outcome, QueueFull)]
+    assert len(stored) == cap and len(refused) == burst - cap
+    assert {full.waiting for full in refused} == {cap}
+    with sessions() as session:
+        assert session.scalar(select(func.count()).select_from(Run)) == cap
+    # Another person is not held back by Alice's cap.
+    other = NewRun(key=ThreadKey("slack", "T1", "C1", "bob.1"), mode="research", question="q", requested_by="bob")
+    assert isinstance(store_run(sessions, other, max_waiting=cap), int)

@@ -20,10 +20,12 @@ from bot.conversation.events import ChatEvent
 from chat.console.messenger import ConsoleMessenger
 from chat.console.render import ConsoleRenderer
 from chat.discord.render import DiscordRenderer
+from chat.message import Content, OpenedThread, Place
 from chat.render import PlatformRenderer
 from chat.slack.render import SlackRenderer
 from config.settings import load_settings
-from storage.models import Conversation, Event, Run
+from storage.db import make_engine, make_session_factory
+from storage.models import Base, Conversation, Event, Run
 from storage.quotas import DailyQuotas
 from tests.fakes.clock import FakeClock
 from tests.fakes.messenger import RecordingMessenger
@@ -39,16 +41,16 @@ class World:
     """The core with daily quotas over SQLite and fakeredis, its clock fixed at `now`."""
 
     def __init__(self, sessions: sessionmaker[Session], quotas: DailyQuotas, *, renderer: PlatformRenderer | None = None,
-                 now: dt.datetime = EVENING) -> None:
+                 now: dt.datetime = EVENING, messenger: RecordingMessenger | None = None, max_queued_per_user: int = 100,
+                 limits: Limits = Limits(per_user=10, per_workspace=10)) -> None:
         self.sessions = sessions
         self.now = now
         self.sent: list[int] = []
-        self.messenger = RecordingMessenger()
-        self.queue = Queue(sessions, fakeredis.FakeRedis(), Limits(per_user=10, per_workspace=10),
-                           lambda name, run_id, task_id: self.sent.append(run_id))
+        self.messenger = messenger or RecordingMessenger()
+        self.queue = Queue(sessions, fakeredis.FakeRedis(), limits, lambda name, run_id, task_id: self.sent.append(run_id))
         self.core = ConversationCore(sessions=sessions, queue=self.queue, messenger=self.messenger,
                                      renderer=renderer or SlackRenderer(),
-                                     settings=CoreSettings(max_queued_per_user=100, daily_quotas=quotas),
+                                     settings=CoreSettings(max_queued_per_user=max_queued_per_user, daily_quotas=quotas),
                                      clock=lambda: self.now)
         self._threads = 0
 
@@ -183,3 +185,48 @@ def test_the_terminal_chat_shows_the_quota_refusal(session_factory, tmp_path) ->
     assert f"You have started 1 run today, the daily limit of 1. It resets at {RESET_WORDS}." in screen
     with session_factory() as session:
         assert session.scalar(select(func.count()).select_from(Run)) == 1
+
+
+class ThreadsOpenTogether(RecordingMessenger):
+    """Opens no thread until `burst` commands are opening one: every command has counted the person's waiting runs
+    (before its thread is opened) by the time any of them stores its run."""
+
+    def __init__(self, burst: int) -> None:
+        super().__init__()
+        self.burst, self.opening = burst, 0
+        self.all_opening = asyncio.Event()
+
+    async def open_thread(self, place: Place, *, title: Content, status: Content) -> OpenedThread:
+        self.opening += 1
+        if self.opening == self.burst:
+            self.all_opening.set()
+        await self.all_opening.wait()
+        return await super().open_thread(place, title=title, status=status)
+
+
+def test_a_burst_of_commands_from_one_person_stops_at_the_queue_cap_and_each_is_answered(tmp_path) -> None:
+    """Six `/research` commands of Alice's at once, none admitted (the workers are full), a cap of 3 waiting:
+    three runs are stored and three commands are refused privately; the threads opened for the refused ones say
+    they did not start. Counted only before opening the thread, all six were stored."""
+    burst = 6
+    engine = make_engine(f"sqlite:///{tmp_path}/deepthread.db")  # a file: the core's threads each take a connection
+    Base.metadata.create_all(engine)
+    world = World(make_session_factory(engine), DailyQuotas(), messenger=ThreadsOpenTogether(burst), max_queued_per_user=3,
+                  limits=Limits(per_user=0, per_workspace=0))
+
+    async def commands() -> list[Any]:
+        events = [ChatEvent(platform="slack", workspace="T1", channel="C1", user=ALICE, kind="command",
+                            command="research", text=f"Question {number}?") for number in range(burst)]
+        return await asyncio.gather(*(world.core.handle(event) for event in events))
+
+    outcomes = asyncio.run(commands())
+    started = [outcome for outcome in outcomes if outcome.run_id is not None]
+    refused = [outcome for outcome in outcomes if outcome.run_id is None]
+    assert len(started) == 3 and world.runs() == 3
+    assert len(refused) == 3
+    for outcome in refused:
+        assert [reply.private for reply in outcome.replies] == [True]
+        assert outcome.replies[0].text.startswith("You already have 3 runs waiting in the queue (the limit is 3).")
+    not_started = [content.text for _, content in world.messenger.edits if content.text.startswith("Not started:")]
+    assert len(not_started) == 3
+    engine.dispose()
