@@ -162,13 +162,19 @@ def _passages_of(session: Session, run_id: int) -> list[StoredPassage]:
 
 
 def finish_attempt(sessions: Sessions, run_id: int, attempt: int, outcome: AttemptOutcome, findings: Findings) -> bool:
-    """Store the attempt's outcome and findings unless a newer attempt owns the run; whether they were stored."""
+    """Store the attempt's outcome and findings unless a newer attempt owns the run; whether they were stored.
+
+    Storing again what this attempt stored (a retry) writes nothing more: no second copy of a source, a passage,
+    a citation or the bot's reply."""
     with sessions.begin() as session:
         if not holds_attempt(session, run_id, attempt, lock=True):
             return False
         run = session.get(Run, run_id)
         if run is None:  # not so: holds_attempt has just read its row
             return False
+        if run.finished:
+            # This attempt stored it already: a store tried again after a commit whose answer was lost.
+            return run.state == outcome.state
         run.lease_owner, run.lease_until = None, None
         _add_findings(session, run_id, findings)
         run.state = outcome.state

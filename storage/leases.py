@@ -57,21 +57,51 @@ def take_lease(sessions: Sessions, run_id: int, owner: str, lease_seconds: float
 
 def renew_lease(sessions: Sessions, run_id: int, attempt: int, owner: str, lease_seconds: float) -> bool:
     """Extend our lease; False when the run has passed to another attempt, been reaped, or ended."""
+    lease = HeldLease(run_id, attempt, owner)
+    return lease not in renew_leases(sessions, [lease], lease_seconds)
+
+
+class HeldLease(NamedTuple):
+    """A lease this process holds: the run, the attempt it holds it for, and the owner name it holds it under."""
+
+    run_id: int
+    attempt: int
+    owner: str
+
+
+def renew_leases(sessions: Sessions, held: Collection[HeldLease], lease_seconds: float) -> set[HeldLease]:
+    """Extend every one of `held` in one transaction; returns those no longer ours (passed to another attempt,
+    reaped, or ended)."""
+    lost: set[HeldLease] = set()
+    if not held:
+        return lost
     with sessions.begin() as session:
-        return bool(changed_rows(session.execute(
-            update(Run).where(Run.id == run_id, Run.attempt == attempt, Run.lease_owner == owner, Run.state == "running")
-            .values(lease_until=database_now(session) + dt.timedelta(seconds=lease_seconds))
-        )))
+        until = database_now(session) + dt.timedelta(seconds=lease_seconds)
+        for lease in held:
+            if not changed_rows(session.execute(
+                    update(Run).where(Run.id == lease.run_id, Run.attempt == lease.attempt,
+                                      Run.lease_owner == lease.owner, Run.state == "running")
+                    .values(lease_until=until).execution_options(synchronize_session=False))):
+                lost.add(lease)
+    return lost
 
 
 def holds_attempt(session: Session, run_id: int, attempt: int, *, lock: bool = False) -> bool:
     """Whether `attempt` is still the run's current one, inside the caller's session (every write, edit and post asks).
 
-    With `lock`, the row stays locked until the session commits (PostgreSQL), so a new attempt
-    cannot start between this check and the write that follows it.
+    With `lock`, a new attempt cannot start (`take_lease`) between this check and the writes that follow it in the
+    session: on PostgreSQL the run's row stays locked (SELECT … FOR UPDATE) until the session commits; on SQLite,
+    where FOR UPDATE means nothing and a read takes no lock, the check is itself a write that matches the row only
+    while `attempt` is current, and SQLite's one write lock is held from it to the commit.
     """
     query = select(Run.attempt).where(Run.id == run_id)
-    return session.scalar(query.with_for_update() if lock else query) == attempt
+    if not lock:
+        return session.scalar(query) == attempt
+    if session.get_bind().dialect.name == "postgresql":
+        return session.scalar(query.with_for_update()) == attempt
+    return bool(changed_rows(session.execute(
+        update(Run).where(Run.id == run_id, Run.attempt == attempt).values(attempt=Run.attempt)
+        .execution_options(synchronize_session=False))))
 
 
 def is_current_attempt(sessions: Sessions, run_id: int, attempt: int) -> bool:
@@ -163,6 +193,5 @@ def fail_unstartable(sessions: Sessions, run_id: int, reason: str, now: dt.datet
         )))
 
 
-arenew_lease = off_loop(renew_lease)
 ais_current_attempt = off_loop(is_current_attempt)
 aclaim_undelivered = off_loop(claim_undelivered)

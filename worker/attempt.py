@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -30,16 +29,15 @@ from research.thread_context import THREAD_SHARE_OF_WINDOW, fit_thread_context
 from storage.answer_drafts import AnswerDraftWriter
 from storage.attempts import afinish_attempt, amark_failed, arun_inputs, astart_attempt
 from storage.db import is_transient_database_error
-from storage.leases import arenew_lease
+from storage.leases import HeldLease
 from storage.models import utcnow
 from storage.vocabulary import RunState
 from worker.cancels import CancelWatcher
 from worker.delivery import RunDelivery
-from worker.leases import worker_identity
+from worker.leases import LEASE_LOST, LeaseKeeper, worker_identity
 from worker.loop import RunLoop
 from worker.runner import (
     HISTORY_MESSAGES,
-    LEASE_LOST,
     MAX_HISTORY_REPLY_CHARS,
     TERMINAL_STATE_OF_EVENT,
     OnState,
@@ -133,46 +131,50 @@ class RunAttempt:
         hard_deadline = options.max_seconds + services.hard_deadline_grace_seconds
         timed_out = False
         report: Report | None = None
-        # The lease is kept until the outcome is stored, so a slow final write is not taken for a dead worker.
-        lease_keeper = asyncio.create_task(self._keep_lease(cancel))
+        # The lease is kept until the outcome is stored, so a slow final write is not taken for a dead worker; from a
+        # thread, so that a saturated runs loop cannot let it lapse.
+        own_keeper = services.leases is None
+        keeper = services.leases or LeaseKeeper(services.sessions, services.lease_seconds)
         try:
-            try:
-                async with asyncio.timeout(hard_deadline) as deadline:
-                    report = await work
-            except TimeoutError:
-                if not deadline.expired():  # a timeout of some step inside the run, not the hard deadline
-                    raise
-                timed_out = True
-            finally:
-                recorder.stop_batching()
-            cancelled_by = cancel.cancelled_by
-            if cancelled_by == LEASE_LOST:
-                logger.warning("run %s attempt %s lost its lease; another attempt owns it", run.id, run.attempt)
-                return None
+            with keeper.keeping(HeldLease(run.id, run.attempt, self.owner), cancel):
+                try:
+                    async with asyncio.timeout(hard_deadline) as deadline:
+                        report = await work
+                except TimeoutError:
+                    if not deadline.expired():  # a timeout of some step inside the run, not the hard deadline
+                        raise
+                    timed_out = True
+                finally:
+                    recorder.stop_batching()
+                cancelled_by = cancel.cancelled_by
+                if cancelled_by == LEASE_LOST:
+                    logger.warning("run %s attempt %s lost its lease; another attempt owns it", run.id, run.attempt)
+                    return None
 
-            final_state: RunState
-            error: str | None  # the timeout or the Error event that ended the run; None when neither did
-            if timed_out:
-                final_state, error = "timed_out", f"The run passed its hard deadline of {hard_deadline:g} s and was stopped."
-                report = engine.unfinished_report(state, reason="timed out")
-                await recorder(Error(message=error, seq=recorder.progress.last_seq + 1))
-                recorder.progress = recorder.progress.model_copy(update={"state": "timed_out"})
-            else:
-                terminal = recorder.terminal
-                final_state = TERMINAL_STATE_OF_EVENT[terminal.type] if terminal is not None else "failed"
-                error = terminal.message if isinstance(terminal, Error) else None
-                if final_state == "cancelled":
-                    recorder.progress = recorder.progress.model_copy(update={"cancelled_by": cancelled_by})
-            if report is not None and report.model is None:
-                report.model = services.tools.llm.config.model  # named in the report's "Written by AI" line
-            # What the bot said joins the thread's history, so follow-ups and revisions have it as context.
-            reply_text = report.body_markdown[:MAX_HISTORY_REPLY_CHARS] if report is not None else None
-            # Rendering a long report takes a while: not on the loop the runs share.
-            outcome = await asyncio.to_thread(outcome_of, final_state, state, report, error, reply_text, cancelled_by)
-            stored = await self._store_outcome(functools.partial(
-                afinish_attempt, services.sessions, run.id, run.attempt, outcome, findings_of(state)))
+                final_state: RunState
+                error: str | None  # the timeout or the Error event that ended the run; None when neither did
+                if timed_out:
+                    final_state, error = "timed_out", f"The run passed its hard deadline of {hard_deadline:g} s and was stopped."
+                    report = engine.unfinished_report(state, reason="timed out")
+                    await recorder(Error(message=error, seq=recorder.progress.last_seq + 1))
+                    recorder.progress = recorder.progress.model_copy(update={"state": "timed_out"})
+                else:
+                    terminal = recorder.terminal
+                    final_state = TERMINAL_STATE_OF_EVENT[terminal.type] if terminal is not None else "failed"
+                    error = terminal.message if isinstance(terminal, Error) else None
+                    if final_state == "cancelled":
+                        recorder.progress = recorder.progress.model_copy(update={"cancelled_by": cancelled_by})
+                if report is not None and report.model is None:
+                    report.model = services.tools.llm.config.model  # named in the report's "Written by AI" line
+                # What the bot said joins the thread's history, so follow-ups and revisions have it as context.
+                reply_text = report.body_markdown[:MAX_HISTORY_REPLY_CHARS] if report is not None else None
+                # Rendering a long report takes a while: not on the loop the runs share.
+                outcome = await asyncio.to_thread(outcome_of, final_state, state, report, error, reply_text, cancelled_by)
+                stored = await self._store_outcome(functools.partial(
+                    afinish_attempt, services.sessions, run.id, run.attempt, outcome, findings_of(state)))
         finally:
-            lease_keeper.cancel()
+            if own_keeper:
+                keeper.stop()
         if not stored:
             return None
         self.report = report
@@ -244,24 +246,6 @@ class RunAttempt:
                 logger.warning("could not store the outcome of run %s yet (%s); trying again in %g s", self.run.id,
                                type(error).__name__, delay)
                 await services.sleep(delay)
-
-    async def _keep_lease(self, cancel: CancelToken) -> None:
-        """Renew the lease every third of its length; a lost lease, or none renewed for a whole lease, stops this
-        attempt."""
-        services, run = self.services, self.run
-        renewed_at = time.monotonic()
-        while True:
-            await asyncio.sleep(services.lease_seconds / 3)
-            try:
-                held = await arenew_lease(services.sessions, run.id, run.attempt, self.owner, services.lease_seconds)
-            except Exception:  # a busy database: try again, but never outlive the lease unnoticed
-                logger.warning("could not renew the lease of run %s", run.id, exc_info=True)
-                held = time.monotonic() - renewed_at < services.lease_seconds
-            else:
-                renewed_at = time.monotonic() if held else renewed_at
-            if not held:
-                cancel.cancel(LEASE_LOST)
-                return
 
     # -- in a worker ---------------------------------------------------------------------------------------------
 

@@ -36,6 +36,7 @@ from storage.vocabulary import RunOptions, RunState
 from chat.state import RunProgress, apply_event
 from ops.log_context import describe_run, set_run_phase
 from ops.metrics import Metrics, RunObserver
+from worker.leases import LeaseKeeper
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +44,6 @@ OnState = Callable[[RunProgress], Awaitable[None]]
 Sleep = Callable[[float], Awaitable[None]]
 TERMINAL_STATE_OF_EVENT: dict[str, RunState] = {"complete": "done", "aborted": "cancelled", "error": "failed"}
 HISTORY_MESSAGES = 20
-LEASE_LOST = "lease lost"
 MAX_HISTORY_REPLY_CHARS = 6_000
 EVENT_WRITE_DELAY_SECONDS = 0.25
 # Waits between tries of storing a finished run's outcome while the database is briefly unavailable.
@@ -62,6 +62,8 @@ class RunnerServices:
     store_retry_delays: tuple[float, ...] = STORE_RETRY_DELAYS_SECONDS
     sleep: Sleep = asyncio.sleep
     metrics: Metrics | None = None  # the process's Prometheus metrics (ops.metrics), fed by every run's events
+    # The process's lease keeper (a worker's, shared by its runs); None: the attempt keeps its lease with one of its own.
+    leases: LeaseKeeper | None = None
 
 
 def options_for_run(base: ResearchOptions, stored: RunOptions) -> ResearchOptions:

@@ -30,7 +30,7 @@ from storage.shared_limits import (
 )
 from worker.cancels import CancelWatcher, redis_flags, row_flags
 from worker.delivery import DeliveryRetry, DeliveryTarget, RunDelivery, show_queue_positions, sweep_undelivered
-from worker.leases import reap, worker_identity
+from worker.leases import LeaseKeeper, reap, worker_identity
 from worker.loop import RunLoop
 from worker.queue import Limits, Queue, SendTask
 from worker.attempt import RunAttempt, WorkerLoops
@@ -79,6 +79,7 @@ class WorkerRuntime:
         self.ssl_context = shared_ssl_context()
         # Its own client: with Redis down it reads the run rows within a second, not after retries.
         self.cancels = CancelWatcher(redis_flags(connect(self.redis_url, fail_fast=True)), row_flags(self.sessions))
+        self.leases = LeaseKeeper(self.sessions, settings.worker_lease_seconds)
         self.loop = RunLoop(blocking_threads=settings.worker_concurrency + BLOCKING_THREADS_BEYOND_CONCURRENCY)
         # Status edits and reports go out from a loop of their own (see WorkerLoops).
         self.delivery_loop = RunLoop(blocking_threads=DELIVERY_BLOCKING_THREADS, name="deepthread-delivery")
@@ -138,7 +139,8 @@ class WorkerRuntime:
         tools.fetch_ssl_context = self.ssl_context
         services = RunnerServices(sessions=self.sessions, tools=tools, options=research_options(settings),
                                   hard_deadline_grace_seconds=settings.worker_deadline_grace_seconds,
-                                  lease_seconds=settings.worker_lease_seconds, metrics=process_metrics())
+                                  lease_seconds=settings.worker_lease_seconds, metrics=process_metrics(),
+                                  leases=self.leases)
 
         async def close() -> None:
             await llm_http.aclose()  # ours, not the LLM client's, so its aclose() leaves it open
@@ -218,6 +220,7 @@ class WorkerRuntime:
     def stop(self) -> None:
         self._stopping.set()
         self.cancels.stop()
+        self.leases.stop()
         try:
             self.loop.run(self.aredis.aclose())
             self.delivery_loop.run(self.delivery_redis.aclose())
