@@ -8,6 +8,11 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends gcc make libc6-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
+# The locked set first, hash-checked (a layer that code changes leave alone); then deepthread's own wheel, built by
+# the locked setuptools, so /wheels holds nothing the lock does not pin.
+COPY requirements/lock.txt ./requirements/
+RUN pip wheel --require-hashes --wheel-dir /wheels -r requirements/lock.txt \
+ && pip install --no-index --find-links=/wheels --force-reinstall setuptools wheel
 COPY pyproject.toml README.md ./
 COPY bot ./bot
 COPY chat ./chat
@@ -16,12 +21,13 @@ COPY research ./research
 COPY storage ./storage
 COPY config ./config
 COPY ops ./ops
-RUN pip wheel --wheel-dir /wheels .
+RUN pip wheel --no-deps --no-build-isolation --wheel-dir /wheels .
 
 
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-# The wheels are mounted for the install only, so they never become a layer of this image.
+# The wheels are mounted for the install only, so they never become a layer of this image; deepthread's
+# dependencies can only be the locked releases, the one version of each that /wheels holds.
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
     pip install --no-index --find-links=/wheels deepthread
 COPY deploy/healthcheck.py /usr/local/bin/deepthread-healthcheck
