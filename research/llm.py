@@ -328,16 +328,35 @@ def _continuation_text(raw: str) -> str:
     return (raw[start - 1] + visible) if start > 0 and raw[start - 1].isspace() else visible
 
 
+# A fence as a model writes one, not as CommonMark reads it: "```json" after text on its line, the closing "```"
+# glued to the JSON or followed by more text on its line.
+_LOOSE_FENCE = re.compile(r"```[a-zA-Z0-9_-]*[ \t]*\n?(.*?)```", re.DOTALL)
+
+
 def extract_json_text(answer: str) -> str:
-    """The JSON part of a model's answer: reasoning removed, a Markdown code fence or surrounding prose dropped."""
+    """The JSON part of a model's answer: reasoning removed, a Markdown code fence or surrounding prose dropped.
+
+    The first of these that is JSON: the first fenced block as CommonMark reads it, the text between the first two
+    "```" wherever they are written, the text from the first `{` to the last `}`. When none is, the first fenced
+    block, else that braced text, else the whole text (and validating it says what is wrong)."""
     text = strip_reasoning(answer)
-    fenced = next((token.content for token in read(text).tokens if token.type == "fence"), None)
-    if fenced is not None:
-        return fenced.strip()
+    fenced = next((token.content.strip() for token in read(text).tokens if token.type == "fence"), None)
+    loose = _LOOSE_FENCE.search(text)
     start, end = text.find("{"), text.rfind("}")
-    if start != -1 and end > start:
-        return text[start : end + 1]
-    return text
+    braced = text[start : end + 1] if start != -1 and end > start else None
+    candidates = [fenced, loose.group(1).strip() if loose else None, braced]
+    found = next((candidate for candidate in candidates if candidate is not None and _is_json(candidate)), None)
+    if found is not None:
+        return found
+    return next((candidate for candidate in (fenced, braced) if candidate is not None), text)
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return True
 
 
 def schema_name(task: str) -> str:

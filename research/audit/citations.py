@@ -113,5 +113,12 @@ def normalise_citations(markdown: str, shown_ids: Sequence[str]) -> str:
     unchanged = [(start, end, source[start:end]) for start, end in code_ranges(document)]
     as_links = [(link.span[0], link.span[1], canonical) for link in links(document)
                 if link.kind == "link" and link.span is not None and link.label is not None
+                and not _names_a_reference(source[link.label[1]:link.span[1]])
                 if (canonical := reader.canonical(f"[{source[link.label[0]:link.label[1]]}]")) is not None]
     return replaced(source, unchanged + as_links, reader.rewrite_prose)
+
+
+def _names_a_reference(after_label: str) -> bool:
+    """Whether a link is written `[label][reference]` (what follows its label is `][reference]`): to a model, that
+    is two cites side by side (`[2][8]`), which the parser reads as one link where `[8]: https://…` is defined."""
+    return after_label.startswith("][") and after_label != "][]"

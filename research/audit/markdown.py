@@ -1,5 +1,8 @@
 """The draft's Markdown as blocks, read from markdown-it-py's tokens: prose and table rows to audit, headings, table
-header rows, fenced code, and verbatim parts (blank lines, rules, table delimiter rows, a heading's underline)."""
+header rows, fenced code, and verbatim parts (blank lines, rules, table delimiter rows, a `---` or `===` line).
+
+CommonMark reads text with a `---` or `===` line under it as a heading; a small model writes that line as a rule
+right under its paragraph, so only a heading written with `#`s is one here, and underlined text is prose."""
 
 from __future__ import annotations
 
@@ -65,8 +68,11 @@ def _read_blocks(document: Document) -> list[tuple[int, int, Block]]:
             placed.append((first, end, Block("code", "\n".join(lines[first:end]))))
         elif token.type == "hr":
             placed.extend((number, number + 1, Block("verbatim", lines[number])) for number in range(first, end))
-        elif token.type == "heading_open":
+        elif token.type == "heading_open" and is_atx(token):
             placed.extend(_heading_blocks(document, token, tokens[index + 1], depth, opens_item))
+        elif token.type == "heading_open":  # underlined: its text is prose, the underline verbatim
+            placed.extend(_paragraph_blocks(document, tokens[index + 1], depth, opens_item))
+            placed.append((end - 1, end, Block("verbatim", lines[end - 1])))
         elif token.type == "paragraph_open":
             placed.extend(_paragraph_blocks(document, tokens[index + 1], depth, opens_item))
         else:
@@ -76,17 +82,13 @@ def _read_blocks(document: Document) -> list[tuple[int, int, Block]]:
 
 def _heading_blocks(document: Document, heading: Token, inline: Token, depth: int,
                     opens_item: bool) -> list[tuple[int, int, Block]]:
-    """A heading's text as a heading block (its `#`s in the prefix); a `===` or `---` under it verbatim."""
+    """A heading written with `#`s (one line) as a heading block, its `#`s in the prefix."""
     assert heading.map is not None
     first, end = heading.map
-    text_end = end if is_atx(heading) else end - 1
     columns = document.line_columns(inline)
-    column = columns[0] if columns is not None and inline.content else len(document.lines[first])
     line = document.lines[first]
-    content = "\n".join([line[column:], *document.lines[first + 1:text_end]])
-    placed = [(first, text_end, Block("heading", content, line[:column], depth, opens_item))]
-    placed.extend((number, number + 1, Block("verbatim", document.lines[number])) for number in range(text_end, end))
-    return placed
+    column = columns[0] if columns is not None and inline.content else len(line)
+    return [(first, end, Block("heading", line[column:], line[:column], depth, opens_item))]
 
 
 def _paragraph_blocks(document: Document, inline: Token, depth: int,

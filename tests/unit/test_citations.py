@@ -106,3 +106,12 @@ async def test_no_rendered_citation_marker_is_anything_but_a_listed_source(draft
         shown = "\n".join(content.text for content in renderer.report(report, requester="u").messages)
         assert not RAW_MARKER.search(shown), shown
         assert {int(number) for number in re.findall(r"\[(\d+)\]", shown)} <= listed
+
+
+@pytest.mark.parametrize(("written", "read"), [
+    ("A [2][3].", "A [p7][p12]."), ("A [p3][p7].", "A [p3][p7]."), ("A [1][3][2].", "A [p3][p12][p7]."),
+    ("A [1][].", "A [p3]."), ("A [p3](https://x.example/3) [2][3].", "A [p3] [p7][p12]."),
+])
+def test_adjacent_cites_stay_apart_where_a_definition_makes_them_a_reference_link(written: str, read: str) -> None:
+    definitions = "\n\n[1]: https://x.example/1\n[2]: https://x.example/2\n[3]: https://x.example/3\n[p7]: https://x.example/7"
+    assert normalise_citations(written + definitions, SHOWN).split("\n")[0] == read

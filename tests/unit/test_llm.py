@@ -222,6 +222,25 @@ async def test_json_after_prose_without_a_fence_is_accepted() -> None:
     assert (await client_for(fake).structured(QUESTION, CityFact, task="city")).city == "Lyon"
 
 
+CITY_JSON = '{\n  "city": "Lyon",\n  "population": 522000\n}'
+
+
+@pytest.mark.parametrize("answer", [
+    f"```json\n{CITY_JSON}```",  # the closing fence glued to the JSON
+    f"Here is the JSON: ```json\n{CITY_JSON}\n```",  # the opening fence after text on its line
+    f"{CITY_JSON}\n```",  # a stray fence after the JSON
+    f"```json\n{CITY_JSON}\n``` Hope this helps!",  # text after the closing fence on its line
+    f"```json\n{CITY_JSON}\n```\nNote: I used ```json``` fences.",
+    f"```json\n{CITY_JSON}",  # cut off before the closing fence
+    f"```\nnot JSON\n```\n\n{CITY_JSON}",
+])
+async def test_json_in_a_fence_written_loosely_is_accepted(answer: str) -> None:
+    fake = FakeLLM(lambda request: answer)
+
+    assert await client_for(fake).structured(QUESTION, CityFact, task="city") == CityFact(city="Lyon", population=522_000)
+    assert len(fake.chat_requests) == 1
+
+
 # --- reasoning never reaches users ---------------------------------------------------------------------------
 
 

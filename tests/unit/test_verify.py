@@ -343,3 +343,13 @@ async def test_a_claim_cited_to_the_wrong_passage_is_cited_by_the_audit_to_the_o
     assert result.audit.citations_removed == 1 and result.audit.citations_added == 1
     assert result.audit.sentences_verified == 1
     assert any(verdict.added_by_audit and verdict.passage_id == "p2" for verdict in result.citations)
+
+
+async def test_a_paragraph_underlined_with_dashes_or_equals_is_prose_and_a_hash_heading_claims_nothing() -> None:
+    draft = (
+        "# Towers and sun\n\nThe Eiffel Tower in Paris was completed in 1889 [p1].\n---\n"
+        "Global solar capacity grew by 45% in 2023 [p2].\nGustave Eiffel's company built the tower [p3].\n===\n\n---"
+    )
+    result = await audit(draft)
+    assert result.body_markdown == draft.replace("[p1]", "[1]").replace("[p2]", "[2]").replace("[p3]", "[1]")
+    assert (result.audit.sentences_total, result.audit.sentences_verified) == (3, 3)
