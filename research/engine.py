@@ -424,6 +424,7 @@ async def _research(run: _Run, question: str, plan: Any, context: str | None,
     today = tools.today()
     reader = read_phase.PageReader(cpu_pool=tools.cpu_pool)
     question_search: search_phase.QuestionSearch | None = None
+    question_pages: QuestionPages | None = None
     # The model's window is asked of the server (once per process) while the run plans and gathers; the prompts that
     # may not fit (gap check, report) wait for it.
     window = asyncio.ensure_future(asyncio.gather(llm.context_tokens(), llm.context_tokens(fast=True)))
@@ -445,6 +446,9 @@ async def _research(run: _Run, question: str, plan: Any, context: str | None,
                                                                 since=options.since, already_asked=set(),
                                                                 results_per_query=options.results_per_query)
                     question_search = search_phase.QuestionSearch(question_query[0], router=router) if question_query else None
+                    if question_search is not None:
+                        # Its pages are fetched and read as soon as it answers, while the model still plans.
+                        question_pages = QuestionPages(run, question_search, fetcher, reader, options)
                 try:
                     state.plan, state.plan_fell_back = await decompose_phase.decompose(question, llm=llm, today=today,
                                                                                        context=context)
@@ -460,7 +464,8 @@ async def _research(run: _Run, question: str, plan: Any, context: str | None,
         try:
             async with asyncio.timeout(max(0.0, budget.gathering_seconds_left)):
                 await _gather(run, question, options, budget, router, fetcher, llm, tools, today,
-                              reader=reader, question_search=question_search, window=window)
+                              reader=reader, question_search=question_search, question_pages=question_pages,
+                              window=window)
         except TimeoutError:
             state.partial_reason = state.partial_reason or f"time budget of {options.max_seconds:g} s reached"
         await _read_unread(run, reader)
@@ -511,6 +516,8 @@ async def _research(run: _Run, question: str, plan: Any, context: str | None,
         if not window.done():
             window.cancel()
         await asyncio.gather(window, return_exceptions=True)
+        if question_pages is not None:
+            await question_pages.cancel()
         if question_search is not None:
             question_search.cancel()
         reader.cancel()
@@ -704,7 +711,7 @@ async def _cite_through_claims(run: _Run, question: str, context: str | None, op
 async def _gather(run: _Run, question: str, options: ResearchOptions, budget: Budget, router: SearchRouter,
                   fetcher: fetch_phase.PageFetcher, llm: LLMClient, tools: ResearchTools, today: dt.date, *,
                   reader: read_phase.PageReader, question_search: search_phase.QuestionSearch | None = None,
-                  window: asyncio.Future[Any] | None = None) -> None:
+                  question_pages: QuestionPages | None = None, window: asyncio.Future[Any] | None = None) -> None:
     """Rounds of search → fetch → read → gap check until covered, out of rounds, or out of budget."""
     state = run.state
     assert state.plan is not None
@@ -726,19 +733,14 @@ async def _gather(run: _Run, question: str, options: ResearchOptions, budget: Bu
                     state.sources.setdefault(source.id, source)
             await run.progress(phase_progress("search", round_number=round_number, rounds=options.max_rounds))
 
-        chosen = fetch_phase.choose_sources(list(state.sources.values()), already_fetched=set(state.fetches),
-                                            limit=options.max_sources - len(state.fetches))
-        if chosen:
+        early = question_pages if round_number == 1 else None
+        taken = set(state.fetches) | (await early.choice() if early is not None else set())
+        chosen = fetch_phase.choose_sources(list(state.sources.values()), already_fetched=taken,
+                                            limit=options.max_sources - len(taken))
+        if chosen or (early is not None and early.chosen):
             async with run.phase("fetch"):
-                async def on_fetched(source: SearchResult, result: FetchResult) -> None:
-                    state.fetches[source.id] = result
-                    if result.ok:
-                        # Reading starts now, while the round's other pages are still arriving.
-                        reader.start(source.id, result)
-                    else:
-                        await run.sink(Warning_(phase="fetch", message=f"Skipped {source.url}: {result.reason}",
-                                                detail={"source_id": source.id, "status": result.status}))
-                await fetch_phase.fetch_sources(chosen, fetcher=fetcher, on_fetched=on_fetched)
+                await asyncio.gather(fetch_phase.fetch_sources(chosen, fetcher=fetcher, on_fetched=_on_fetched(run, reader)),
+                                     *([early.fetched()] if early is not None else []))
             await run.progress(phase_progress("fetch", round_number=round_number, rounds=options.max_rounds))
             async with run.phase("read"):
                 await _read_unread(run, reader)
@@ -762,6 +764,62 @@ async def _gather(run: _Run, question: str, options: ResearchOptions, budget: Bu
         await run.progress(phase_progress("gap_check", round_number=round_number, rounds=options.max_rounds))
         if not texts:
             return
+
+
+def _on_fetched(run: _Run, reader: read_phase.PageReader) -> Callable[[SearchResult, FetchResult], Awaitable[None]]:
+    """What happens to each page as it arrives: kept in the state, and read at once (or its failure said)."""
+    async def on_fetched(source: SearchResult, result: FetchResult) -> None:
+        run.state.fetches[source.id] = result
+        if result.ok:
+            # Reading starts now, while the other pages are still arriving.
+            reader.start(source.id, result)
+        else:
+            await run.sink(Warning_(phase="fetch", message=f"Skipped {source.url}: {result.reason}",
+                                    detail={"source_id": source.id, "status": result.status}))
+    return on_fetched
+
+
+class QuestionPages:
+    """The pages of the question's own search, fetched (and read) as soon as it answers, while decomposition goes on.
+
+    The first round would fetch them first anyway (its sources are chosen in id order, and the question's search
+    registered its results first); here they arrive a model call earlier. The round then fetches the rest beside
+    them (`chosen` are taken), and waits for them with its own (`fetched`).
+    """
+
+    def __init__(self, run: _Run, search: search_phase.QuestionSearch, fetcher: fetch_phase.PageFetcher,
+                 reader: read_phase.PageReader, options: ResearchOptions) -> None:
+        self.chosen: set[str] = set()
+        self._chose = asyncio.Event()
+        self._task = asyncio.create_task(self._fetch(run, search, fetcher, reader, options), name="question pages")
+
+    async def _fetch(self, run: _Run, search: search_phase.QuestionSearch, fetcher: fetch_phase.PageFetcher,
+                     reader: read_phase.PageReader, options: ResearchOptions) -> None:
+        try:
+            found = await search.results(raise_when_unanswered=False)
+            state = run.state
+            for source in found:
+                state.sources.setdefault(source.id, source)
+            chosen = fetch_phase.choose_sources(found, already_fetched=set(state.fetches),
+                                                limit=options.max_sources - len(state.fetches))
+            self.chosen = {source.id for source in chosen}
+        finally:
+            self._chose.set()
+        await fetch_phase.fetch_sources(chosen, fetcher=fetcher, on_fetched=_on_fetched(run, reader))
+
+    async def choice(self) -> set[str]:
+        """The ids of the pages being fetched here, once the question's search has answered."""
+        await self._chose.wait()
+        return self.chosen
+
+    async def fetched(self) -> None:
+        """Once every chosen page has arrived (or failed); raises what the fetching raised."""
+        await asyncio.shield(self._task)
+
+    async def cancel(self) -> None:
+        """Stop fetching (the run is over) and consume the outcome."""
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
 
 
 async def _read_unread(run: _Run, reader: read_phase.PageReader) -> None:

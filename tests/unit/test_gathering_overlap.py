@@ -163,3 +163,42 @@ def test_a_page_is_read_as_soon_as_it_arrives_while_slower_pages_are_still_being
     assert recorder.phases_started() == ["decompose", "search", "fetch", "read", "synthesize", "verify"]
     # The read phase still closes the round: its passages are numbered in source order, fast page first.
     assert [passage.source_id for passage in state.passages][:1] == ["s1"]
+
+
+def test_the_questions_pages_are_fetched_and_read_while_decomposition_runs_and_only_once() -> None:
+    """The plan is given only once the page the question's own search found has been fetched and is being read:
+    the pages of the first search to answer do not wait for the model's plan. The first round then fetches only
+    the plan's page; the question's is not fetched again, and no model call is added."""
+    async def main() -> tuple[Any, Recorder, engine.ResearchState, FakeLLM, FakeWeb]:
+        question_page_read = asyncio.Event()
+
+        def results_for(provider: str, query: str) -> list[dict[str, Any]]:
+            return [hit("https://question.example/report")] if query == QUESTION else [hit("https://plan.example/report")]
+
+        def on_extraction(url: str) -> None:
+            if "question.example" in url:
+                question_page_read.set()
+
+        async def decomposing_after_the_questions_page(request: ChatRequest) -> HandlerResult:
+            if request.schema_name == "decomposition":
+                await asyncio.wait_for(question_page_read.wait(), timeout=10)  # a hang guard, not a timing bound
+                return decomposition([PLANNED_QUERY])(request)
+            return default_research_model(request)
+
+        model = FakeLLM(decomposing_after_the_questions_page)
+        web = site({"question.example": page("question.example", "4,411"), "plan.example": page("plan.example", "5,522")})
+        tools = tools_for(model, FakeSearchAPI(results_for=results_for), web, cpu_pool=InlinePool(on_extraction))
+        recorder, state = Recorder(), engine.ResearchState()
+        options = ResearchOptions(max_seconds=30, max_rounds=1, max_sources=4, max_searches=4)
+        report = await engine.research(QUESTION, options=options, tools=tools, events=recorder, state=state)
+        return report, recorder, state, model, web
+
+    report, recorder, state, model, web = asyncio.run(main())
+
+    assert not model.handler_errors
+    assert report is not None and recorder.events[-1].type == "complete"
+    assert [state.sources[source_id].url for source_id in sorted(state.documents)] == [
+        "https://question.example/report", "https://plan.example/report"]
+    fetched = [request.host for request in web.requests.all() if request.path == "/report"]
+    assert sorted(fetched) == ["plan.example", "question.example"]
+    assert [request.schema_name for request in model.chat_requests] == ["decomposition", None]
