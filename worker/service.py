@@ -186,6 +186,14 @@ class WorkerRuntime:
         waiting = await aqueue_positions(self.sessions, admitted)
         await show_queue_positions(self.sessions, waiting, platform_parts=self._platform_parts, bucket=self.edit_bucket)
 
+    def start(self) -> None:
+        """As the worker becomes ready: the CPU pool's processes start and import the readers now (not when a run's
+        first pages arrive), and the reaper and the heartbeat begin."""
+        from research.extract import loaded
+
+        self.cpu_pool.warm(loaded)
+        self.start_reaper()
+
     def start_reaper(self) -> None:
         """Resubmit runs whose lease expired and admit waiting runs, every third of a lease."""
         def loop() -> None:

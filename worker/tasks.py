@@ -179,8 +179,8 @@ def _serve_health_and_metrics(**_: object) -> None:
 
 
 @signals.worker_ready.connect
-def _start_reaper(**_: object) -> None:
-    runtime().start_reaper()
+def _start_runtime(**_: object) -> None:
+    runtime().start()
 
 
 @signals.worker_shutdown.connect

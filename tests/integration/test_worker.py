@@ -6,6 +6,7 @@ import datetime as dt
 import re
 from pathlib import Path
 
+import psutil
 import pytest
 from sqlalchemy import select
 
@@ -46,7 +47,9 @@ def test_research_run_edits_one_status_message_through_the_phases_and_reports_in
     with Corpus(llm_latency=1.6, search_latency=1.6, page_latency=1.6) as corpus:
         cluster = make_cluster(tmp_path, redis_url, corpus, slack)
         try:
-            cluster.start_worker("w1")
+            worker = psutil.Process(cluster.start_worker("w1").pid)
+            # The CPU pool's processes start with the worker, not when its first run's pages arrive.
+            cluster.wait_for(lambda: len(worker.children(recursive=True)) >= 2, 60, "the CPU pool's processes")
             run_id, position = cluster.start_run(QUESTION, user="U0ALICE1")
             assert position is None
             run = cluster.wait_for_state(run_id, {"done", "failed", "cancelled", "timed_out"}, timeout=90)
