@@ -65,6 +65,8 @@ class Settings(BaseSettings):
     llm_timeout: float = Field(default=900.0, gt=0)
     # The model's whole context window in tokens; empty: asked of the server (llama.cpp, vLLM, Ollama), else learnt.
     llm_context_tokens: int | None = Field(default=None, gt=0)
+    # Whether the endpoint answers two calls at once; empty: yes unless it is on this machine or a private network.
+    llm_parallel_requests: bool | None = None
 
     search_providers: CommaList = Field(default_factory=lambda: ["auto"])
     search_fanout: bool = False
@@ -159,7 +161,7 @@ class Settings(BaseSettings):
     def _blank_quota_is_off(cls, value: Any) -> Any:
         return 0 if value is None or (isinstance(value, str) and not value.strip()) else value
 
-    @field_validator("llm_context_tokens", mode="before")
+    @field_validator("llm_context_tokens", "llm_parallel_requests", mode="before")
     @classmethod
     def _blank_window_is_unknown(cls, value: Any) -> Any:
         return None if isinstance(value, str) and not value.strip() else value

@@ -13,7 +13,7 @@ import logging
 import math
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import Executor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -425,6 +425,7 @@ async def _research(run: _Run, question: str, plan: Any, context: str | None,
     reader = read_phase.PageReader(cpu_pool=tools.cpu_pool)
     question_search: search_phase.QuestionSearch | None = None
     question_pages: QuestionPages | None = None
+    ahead: ReportInAdvance | None = None
     # The model's window is asked of the server (once per process) while the run plans and gathers; the prompts that
     # may not fit (gap check, report) wait for it.
     window = asyncio.ensure_future(asyncio.gather(llm.context_tokens(), llm.context_tokens(fast=True)))
@@ -461,11 +462,14 @@ async def _research(run: _Run, question: str, plan: Any, context: str | None,
             await run.sink(PlanReady(phase="decompose", sub_questions=[sub.question for sub in state.plan.sub_questions]))
         await run.progress(phase_progress("decompose"))
 
+        async def write_report(shown: Callable[[], bool]) -> tuple[list[Passage], bool]:
+            return await _write_report(run, question, context, options, llm, today, shown=shown)
+
         try:
             async with asyncio.timeout(max(0.0, budget.gathering_seconds_left)):
-                await _gather(run, question, options, budget, router, fetcher, llm, tools, today,
-                              reader=reader, question_search=question_search, question_pages=question_pages,
-                              window=window)
+                ahead = await _gather(run, question, options, budget, router, fetcher, llm, tools, today,
+                                      reader=reader, question_search=question_search, question_pages=question_pages,
+                                      window=window, write_report=write_report if llm.config.serves_in_parallel() else None)
         except TimeoutError:
             state.partial_reason = state.partial_reason or f"time budget of {options.max_seconds:g} s reached"
         await _read_unread(run, reader)
@@ -481,7 +485,7 @@ async def _research(run: _Run, question: str, plan: Any, context: str | None,
             async with run.phase("synthesize"):
                 if state.passages:
                     async with run.meter.ticking(synthesis_progress):
-                        selected, wrote_claims = await _write_report(run, question, context, options, llm, today)
+                        selected, wrote_claims = await (ahead.kept() if ahead is not None else write_report(lambda: True))
                 else:
                     state.draft = NO_SOURCES_NOTICE
         except LLMError as error:
@@ -518,6 +522,8 @@ async def _research(run: _Run, question: str, plan: Any, context: str | None,
         await asyncio.gather(window, return_exceptions=True)
         if question_pages is not None:
             await question_pages.cancel()
+        if ahead is not None:
+            await ahead.drop()
         if question_search is not None:
             question_search.cancel()
         reader.cancel()
@@ -538,7 +544,8 @@ async def _research(run: _Run, question: str, plan: Any, context: str | None,
     )
 
 
-def _writing_counter(run: _Run, expected_words: int, clock: Callable[[], float] = time.monotonic) -> OnText:
+def _writing_counter(run: _Run, expected_words: int, clock: Callable[[], float] = time.monotonic,
+                    shown: Callable[[], bool] = lambda: True) -> OnText:
     """An `on_text` that counts the report's words as the model writes them and moves the progress bar through the
     rest of synthesis by their share of `expected_words` (at most once per `PROGRESS_INTERVAL`), so a slow synthesis
     shows its pace in the status message; the text itself is shown only once audited."""
@@ -547,6 +554,8 @@ def _writing_counter(run: _Run, expected_words: int, clock: Callable[[], float] 
 
     async def on_text(text: str) -> None:
         nonlocal last_sent, writing_from
+        if not shown():  # a report written ahead, while the gap check may still send it back
+            return
         run.state.words_written = len(text.split())
         if writing_from is None:
             writing_from = run.meter.percent
@@ -612,7 +621,7 @@ def _fitting_passages(llm: LLMClient, state: ResearchState, options: ResearchOpt
 
 
 async def _write_report(run: _Run, question: str, context: str | None, options: ResearchOptions, llm: LLMClient,
-                        today: dt.date) -> tuple[list[Passage], bool]:
+                        today: dt.date, shown: Callable[[], bool] = lambda: True) -> tuple[list[Passage], bool]:
     """Write the draft into the state from passages that fit the window: inline citations, or JSON claims for a model
     known to cite only that way (falling back to inline when the claims come to nothing). Returns the passages shown
     and whether the draft came from claims."""
@@ -640,7 +649,7 @@ async def _write_report(run: _Run, question: str, context: str | None, options: 
         expected_words = synthesize_phase.report_length_words(answer_tokens)
         return await synthesize_phase.synthesize(question, plan, passages, titles=titles, llm=llm, today=today,
                                                  context=context, answer_tokens=answer_tokens,
-                                                 on_text=_writing_counter(run, expected_words))
+                                                 on_text=_writing_counter(run, expected_words, shown=shown))
 
     selected, written = await _fitted_ask(llm, state, options, build, ask, wanted_tokens=llm.config.max_output_tokens)
     state.draft = written.text
@@ -708,11 +717,45 @@ async def _cite_through_claims(run: _Run, question: str, context: str | None, op
         state.draft_cut_off = None
 
 
+WriteReport = Callable[[Callable[[], bool]], Coroutine[Any, Any, tuple[list[Passage], bool]]]
+
+
+class ReportInAdvance:
+    """The report written while the gap check runs, from the passages gathered so far: kept when the check finds no
+    gap (the common case: the check's model call then costs no time), dropped when it sends the run out again.
+
+    Only for an endpoint that answers two calls at once (`LLMConfig.serves_in_parallel`): a local server working
+    on one request at a time would make the check wait behind the whole report. Its writing progress is shown only
+    once it is kept; a dropped one costs its prompt and the words written before it was stopped.
+    """
+
+    def __init__(self, run: _Run, write: WriteReport) -> None:
+        self._run = run
+        self._shown = False
+        self._task = asyncio.create_task(write(lambda: self._shown), name="report in advance")
+
+    async def kept(self) -> tuple[list[Passage], bool]:
+        """The report, now shown as the one being written (what `_write_report` returns; raises what it raised)."""
+        self._shown = True
+        return await self._task
+
+    async def drop(self) -> None:
+        """Stop writing it and, unless it was kept, forget what it wrote."""
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        if not self._shown:
+            self._run.state.draft, self._run.state.draft_cut_off = None, None
+
+
 async def _gather(run: _Run, question: str, options: ResearchOptions, budget: Budget, router: SearchRouter,
                   fetcher: fetch_phase.PageFetcher, llm: LLMClient, tools: ResearchTools, today: dt.date, *,
                   reader: read_phase.PageReader, question_search: search_phase.QuestionSearch | None = None,
-                  question_pages: QuestionPages | None = None, window: asyncio.Future[Any] | None = None) -> None:
-    """Rounds of search → fetch → read → gap check until covered, out of rounds, or out of budget."""
+                  question_pages: QuestionPages | None = None, window: asyncio.Future[Any] | None = None,
+                  write_report: WriteReport | None = None) -> ReportInAdvance | None:
+    """Rounds of search → fetch → read → gap check until covered, out of rounds, or out of budget.
+
+    With `write_report` (an endpoint that answers two calls at once), the report is written beside each gap check;
+    the one written beside the last check is returned, for the run to keep."""
     state = run.state
     assert state.plan is not None
     asked: set[str] = {search_phase.query_key(question_search.query.text)} if question_search else set()
@@ -720,7 +763,7 @@ async def _gather(run: _Run, question: str, options: ResearchOptions, budget: Bu
     for round_number in range(1, options.max_rounds + 1):
         if (reason := budget.overrun()) is not None:
             state.partial_reason = reason
-            return
+            return None
         queries = search_phase.build_queries(texts, searches_left=budget.searches_left(), since=options.since,
                                              already_asked=asked, results_per_query=options.results_per_query)
         joining = question_search if round_number == 1 else None
@@ -749,9 +792,11 @@ async def _gather(run: _Run, question: str, options: ResearchOptions, budget: Bu
         if round_number == options.max_rounds or (reason := budget.overrun()) is not None:
             if round_number < options.max_rounds:
                 state.partial_reason = reason
-            return
+            return None
         if window is not None:
             await asyncio.wait([window])  # the gap check's passages are cut to the window
+        ahead = (ReportInAdvance(run, write_report)
+                 if write_report is not None and state.passages and budget.may_use_llm() else None)
         try:
             async with run.phase("gap_check"):
                 texts = await gap_phase.check_gaps(question, state.plan, _gap_check_passages(llm, state, options, today),
@@ -760,10 +805,17 @@ async def _gather(run: _Run, question: str, options: ResearchOptions, budget: Bu
         except LLMError as error:
             # What is gathered is enough to report from; the report step says so if the model stays down.
             await run.sink(Warning_(phase="gap_check", message=f"Gathering stopped: {plain_reason(error)}"))
-            return
+            return ahead
+        except BaseException:
+            if ahead is not None:
+                await ahead.drop()
+            raise
         await run.progress(phase_progress("gap_check", round_number=round_number, rounds=options.max_rounds))
         if not texts:
-            return
+            return ahead
+        if ahead is not None:
+            await ahead.drop()
+    return None
 
 
 def _on_fetched(run: _Run, reader: read_phase.PageReader) -> Callable[[SearchResult, FetchResult], Awaitable[None]]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import email.utils
+import ipaddress
 import json
 import math
 import random
@@ -35,6 +36,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
+from urllib.parse import urlsplit
 
 import httpx
 import openai
@@ -185,6 +187,8 @@ class LLMConfig(BaseModel):
     reasoning_effort: ReasoningEffort | None = None
     # The model's whole context window in tokens (LLM_CONTEXT_TOKENS); None: asked of the server, else learnt.
     context_tokens: int | None = Field(default=None, gt=0)
+    # Whether the endpoint answers two calls at once (LLM_PARALLEL_REQUESTS); None: judged by its host.
+    parallel_requests: bool | None = None
 
     @field_validator("base_url", mode="before")
     @classmethod
@@ -199,6 +203,20 @@ class LLMConfig(BaseModel):
         if isinstance(value, str) and not value.strip():
             return None
         return value.strip() if isinstance(value, str) else value
+
+    def serves_in_parallel(self) -> bool:
+        """Whether two calls may be in flight at once without one waiting for the other: as set, else unless the
+        endpoint's host is this machine or a private network, where a local server works on one request at a time."""
+        if self.parallel_requests is not None:
+            return self.parallel_requests
+        host = (urlsplit(self.base_url).hostname or "").lower()
+        if host == "localhost" or host.endswith(".local"):
+            return False
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            return True  # a name: a cloud API (a local server is reached by its address or as localhost)
+        return not (address.is_loopback or address.is_private or address.is_link_local)
 
     def model_for(self, *, fast: bool) -> str:
         """The model name for a call: the fast model when asked for and configured, else the main model."""

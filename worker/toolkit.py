@@ -31,7 +31,7 @@ def llm_config(settings: Settings) -> LLMConfig:
         max_output_tokens=settings.llm_max_output_tokens, reasoning_effort=settings.llm_reasoning_effort or None,
         connect_timeout_seconds=settings.llm_connect_timeout, first_token_timeout_seconds=settings.llm_first_token_timeout,
         idle_timeout_seconds=settings.llm_idle_timeout, timeout_seconds=settings.llm_timeout,
-        context_tokens=settings.llm_context_tokens,
+        context_tokens=settings.llm_context_tokens, parallel_requests=settings.llm_parallel_requests,
     )
 
 

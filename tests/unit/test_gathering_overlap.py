@@ -16,7 +16,7 @@ from research.budget import ResearchOptions
 from research.engine import ResearchTools
 from research.extract import extract_document
 from research.fetch import FetchConfig
-from research.llm import LLMClient
+from research.llm import LLMClient, LLMConfig
 from tests.fakes.llm import ChatRequest, FakeLLM, HandlerResult, decomposition, default_research_model
 from tests.fakes.resolver import DictResolver
 from tests.fakes.search_api import FakeSearchAPI
@@ -202,3 +202,132 @@ def test_the_questions_pages_are_fetched_and_read_while_decomposition_runs_and_o
     fetched = [request.host for request in web.requests.all() if request.path == "/report"]
     assert sorted(fetched) == ["plan.example", "question.example"]
     assert [request.schema_name for request in model.chat_requests] == ["decomposition", None]
+
+
+def second_round_world(gap_answer: Callable[[ChatRequest], Any], synthesis: Callable[[ChatRequest], Any]):
+    """The question and the plan's query each find one page; the gap check may ask for a third query's page."""
+    def results_for(provider: str, query: str) -> list[dict[str, Any]]:
+        if query == QUESTION:
+            return [hit("https://question.example/report")]
+        if query == "Zorblax output second season":
+            return [hit("https://fast.example/report")]
+        return [hit("https://plan.example/report")]
+
+    async def model(request: ChatRequest) -> HandlerResult:
+        if request.schema_name == "decomposition":
+            return decomposition([PLANNED_QUERY])(request)
+        if request.schema_name == "gap_check":
+            return await gap_answer(request)
+        if request.schema_name is None:
+            return await synthesis(request)
+        return default_research_model(request)
+
+    web = site({"question.example": page("question.example", "4,411"), "plan.example": page("plan.example", "5,522"),
+                "fast.example": page("fast.example", "6,633")})
+    return FakeSearchAPI(results_for=results_for), model, web
+
+
+def test_the_report_is_written_while_the_gap_check_runs_and_kept_when_it_finds_no_gap() -> None:
+    """The gap check answers only once the report's model call has begun: the two overlap, and the report written
+    beside it is the one delivered, with no model call added (decomposition, gap check, report)."""
+    async def main() -> tuple[Any, Recorder, FakeLLM]:
+        report_begun = asyncio.Event()
+
+        async def covered_once_the_report_is_begun(request: ChatRequest) -> Any:
+            await asyncio.wait_for(report_begun.wait(), timeout=10)  # a hang guard, not a timing bound
+            return {"covered": True, "sub_questions": [], "more_queries": []}
+
+        async def report(request: ChatRequest) -> Any:
+            report_begun.set()
+            return default_research_model(request)
+
+        search, handler, web = second_round_world(covered_once_the_report_is_begun, report)
+        model = FakeLLM(handler)
+        recorder = Recorder()
+        options = ResearchOptions(max_seconds=30, max_rounds=2, max_sources=4, max_searches=4)
+        result = await engine.research(QUESTION, options=options, tools=tools_for(model, search, web), events=recorder)
+        return result, recorder, model
+
+    report, recorder, model = asyncio.run(main())
+
+    assert not model.handler_errors
+    assert report is not None and recorder.events[-1].type == "complete" and not report.partial
+    assert report.audit.sentences_verified > 0
+    assert [request.schema_name for request in model.chat_requests] == ["decomposition", "gap_check", None]
+    assert recorder.phases_started() == ["decompose", "search", "fetch", "read", "gap_check", "synthesize", "verify"]
+
+
+def test_a_report_written_beside_a_gap_check_that_finds_a_gap_is_dropped_and_written_again() -> None:
+    """The gap check asks for one more query; the report begun beside it is stopped (it never answers), the second
+    round reads the new page, and the report delivered is written after it, from all three pages."""
+    async def main() -> tuple[Any, Recorder, FakeLLM, list[str]]:
+        reports_begun: list[str] = []
+        first_report_begun = asyncio.Event()
+
+        async def one_more_query(request: ChatRequest) -> Any:
+            await asyncio.wait_for(first_report_begun.wait(), timeout=10)  # a hang guard, not a timing bound
+            return {"covered": False, "sub_questions": [], "more_queries": ["Zorblax output second season"]}
+
+        async def report(request: ChatRequest) -> Any:
+            reports_begun.append("fast.example" if "fast.example" in request.text else "first round")
+            first_report_begun.set()
+            if len(reports_begun) == 1:
+                await asyncio.Event().wait()  # the first is never answered: only a drop ends it
+            return default_research_model(request)
+
+        search, handler, web = second_round_world(one_more_query, report)
+        model = FakeLLM(handler)
+        recorder = Recorder()
+        options = ResearchOptions(max_seconds=30, max_rounds=2, max_sources=4, max_searches=4)
+        result = await engine.research(QUESTION, options=options, tools=tools_for(model, search, web), events=recorder)
+        return result, recorder, model, reports_begun
+
+    report, recorder, model, reports_begun = asyncio.run(main())
+
+    assert not model.handler_errors
+    assert report is not None and recorder.events[-1].type == "complete" and not report.partial
+    assert reports_begun == ["first round", "fast.example"]
+    assert recorder.phases_started() == ["decompose", "search", "fetch", "read", "gap_check", "search", "fetch",
+                                         "read", "synthesize", "verify"]
+    assert "fast.example" in {source.url.split("/")[2] for source in report.sources}
+
+
+def test_an_endpoint_that_answers_one_call_at_a_time_gets_the_report_after_the_gap_check() -> None:
+    """A local server (here: LLM_PARALLEL_REQUESTS=false) is never sent the report while the gap check waits on it."""
+    async def main() -> tuple[Any, FakeLLM, list[str]]:
+        calls_in_flight: list[str] = []
+        gap_checked = asyncio.Event()
+
+        async def covered(request: ChatRequest) -> Any:
+            await asyncio.sleep(0.05)  # long enough for a report sent alongside to have arrived
+            gap_checked.set()
+            return {"covered": True, "sub_questions": [], "more_queries": []}
+
+        async def report(request: ChatRequest) -> Any:
+            calls_in_flight.append("report after the gap check" if gap_checked.is_set() else "report beside it")
+            return default_research_model(request)
+
+        search, handler, web = second_round_world(covered, report)
+        model = FakeLLM(handler)
+        tools = tools_for(model, search, web)
+        tools.llm = LLMClient(model.config(parallel_requests=False), http_client=model.http_client())
+        options = ResearchOptions(max_seconds=30, max_rounds=2, max_sources=4, max_searches=4)
+        result = await engine.research(QUESTION, options=options, tools=tools, events=Recorder())
+        return result, model, calls_in_flight
+
+    report, model, calls_in_flight = asyncio.run(main())
+
+    assert not model.handler_errors
+    assert report is not None
+    assert calls_in_flight == ["report after the gap check"]
+
+
+def test_an_endpoint_is_taken_to_answer_in_parallel_unless_it_is_local_or_said_otherwise() -> None:
+    def parallel(base_url: str, **setting: Any) -> bool:
+        return LLMConfig(base_url=base_url, model="m", **setting).serves_in_parallel()
+
+    assert parallel("https://api.openai.com/v1") and parallel("https://openrouter.ai/api/v1")
+    assert not parallel("http://127.0.0.1:8080/v1") and not parallel("http://localhost:11434/v1")
+    assert not parallel("http://192.168.1.20:8000/v1") and not parallel("http://[::1]:8000/v1")
+    assert parallel("http://127.0.0.1:8000/v1", parallel_requests=True)
+    assert not parallel("https://api.openai.com/v1", parallel_requests=False)
