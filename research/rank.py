@@ -6,13 +6,36 @@ Both steps are deterministic: ties in score keep passage order, and selection de
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Mapping, Sequence
-
-import bm25s
-import numpy as np
+from typing import TYPE_CHECKING
 
 from research.models import Passage
 from research.passages import count_words, passage_number
+
+if TYPE_CHECKING:  # imported where used: bm25s and numpy take a third of a second, and a run ranks only after reading
+    import bm25s
+    import numpy as np
+
+_preloading = threading.Lock()
+_preloaded = False
+
+
+def preload() -> None:
+    """Import the ranker's libraries in a thread of their own, once per process: a run starts it as it begins, so
+    the import happens while the run waits for its model and its searches, not when it first ranks."""
+    global _preloaded
+    with _preloading:
+        if _preloaded:
+            return
+        _preloaded = True
+    threading.Thread(target=_import_libraries, name="deepthread-rank-preload", daemon=True).start()
+
+
+def _import_libraries() -> None:
+    import bm25s  # noqa: F401
+    import numpy  # noqa: F401
+
 
 RankedPassages = list[tuple[Passage, float]]
 
@@ -33,6 +56,8 @@ def rank_passages_for_queries(queries: Sequence[str], passages: Sequence[Passage
     for query in queries:
         scores = _scores(retriever, query, len(passages))
         # A stable sort on the negated scores keeps passage order among equal scores.
+        import numpy as np
+
         order = np.argsort(-scores, kind="stable")[:top_k]
         ranked[query] = [(passages[index], float(scores[index])) for index in order if scores[index] > 0]
     return ranked
@@ -101,11 +126,15 @@ def _round_robin(ranked_per_subquestion: Mapping[str, Sequence[tuple[Passage, fl
 
 def _tokenize(texts: list[str]) -> bm25s.tokenization.Tokenized:
     """Lower-cased word tokens without English stopwords, as ids with their vocabulary."""
+    import bm25s
+
     return bm25s.tokenize(texts, stopwords="en", show_progress=False)
 
 
 def _index(texts: list[str]) -> bm25s.BM25:
     """A BM25 index over texts."""
+    import bm25s
+
     retriever = bm25s.BM25()
     retriever.index(_tokenize(texts), show_progress=False)
     return retriever
@@ -113,6 +142,9 @@ def _index(texts: list[str]) -> bm25s.BM25:
 
 def _scores(retriever: bm25s.BM25, query: str, document_count: int) -> np.ndarray:
     """The BM25 score of every indexed text for a query; all zeros when no query term is in the index."""
+    import bm25s
+    import numpy as np
+
     query_terms = bm25s.tokenize([query], stopwords="en", show_progress=False, return_ids=False)[0]
     known_terms = [term for term in query_terms if term and term in retriever.vocab_dict]
     if not known_terms:
