@@ -10,9 +10,10 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine
+from sqlalchemy import Engine, inspect
 
 from storage.db import make_engine, normalise_url
+from storage.models import Base
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -41,11 +42,22 @@ def _sqlite_file_lock(engine: Engine) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def upgrade(url: str, revision: str = "head", *, engine: Engine | None = None) -> None:
-    """Upgrade the database at `url` to `revision`."""
+def upgrade(url: str, revision: str = "head", *, engine: Engine | None = None, build_empty: bool = True) -> None:
+    """Upgrade the database at `url` to `revision`.
+
+    An empty database asked for the newest revision is built from the models in one step and stamped with it
+    (Alembic's way to build a new database), rather than taken through every migration: on SQLite each one
+    that alters a table copies it, and a fresh `deepthread research` paid for all of them before its first step.
+    `build_empty=False` always runs the migrations (the test that the models and the migrations agree does).
+    """
     engine = engine or make_engine(url)
+    config = alembic_config(url, engine)
     with _sqlite_file_lock(engine):
-        command.upgrade(alembic_config(url, engine), revision)
+        if build_empty and revision == "head" and not inspect(engine).get_table_names():
+            Base.metadata.create_all(engine)
+            command.stamp(config, "head")
+        else:
+            command.upgrade(config, revision)
 
 
 def downgrade(url: str, revision: str = "base", *, engine: Engine | None = None) -> None:

@@ -24,25 +24,44 @@ def database_url(request: pytest.FixtureRequest, tmp_path) -> str:
 
 def test_upgrade_downgrade_upgrade_round_trip(database_url: str) -> None:
     engine = make_engine(database_url)
-    upgrade(database_url, engine=engine)
+    upgrade(database_url, engine=engine, build_empty=False)
     assert TABLES <= set(inspect(engine).get_table_names())
     assert current_revision(engine) is not None
     downgrade(database_url, "base", engine=engine)
     assert not TABLES & set(inspect(engine).get_table_names())
     assert current_revision(engine) is None
-    upgrade(database_url, engine=engine)
+    upgrade(database_url, engine=engine, build_empty=False)
     assert TABLES <= set(inspect(engine).get_table_names())
     engine.dispose()
 
 
 def test_models_and_migrations_do_not_drift(database_url: str) -> None:
     engine = make_engine(database_url)
-    upgrade(database_url, engine=engine)
+    upgrade(database_url, engine=engine, build_empty=False)
     with engine.connect() as connection:
         context = MigrationContext.configure(connection, opts={"compare_type": True})
         differences = compare_metadata(context, Base.metadata)
     engine.dispose()
     assert differences == []
+
+
+def test_an_empty_database_is_built_at_the_newest_revision_as_the_migrations_would_build_it(
+        database_url: str) -> None:
+    engine = make_engine(database_url)
+    upgrade(database_url, engine=engine)
+    built = current_revision(engine)
+    with engine.connect() as connection:
+        context = MigrationContext.configure(connection, opts={"compare_type": True})
+        assert compare_metadata(context, Base.metadata) == []
+    indexes = {table: {(index["name"], tuple(index["column_names"])) for index in inspect(engine).get_indexes(table)}
+               for table in inspect(engine).get_table_names()}
+    downgrade(database_url, "base", engine=engine)  # the stamped database migrates down like a migrated one
+    upgrade(database_url, engine=engine, build_empty=False)
+    assert current_revision(engine) == built
+    migrated = {table: {(index["name"], tuple(index["column_names"])) for index in inspect(engine).get_indexes(table)}
+                for table in inspect(engine).get_table_names()}
+    assert indexes == migrated
+    engine.dispose()
 
 
 def test_migrated_schema_cascades_and_enforces_uniqueness(database_url: str) -> None:
