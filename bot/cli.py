@@ -195,7 +195,7 @@ def _run_in_terminal(mode: RunMode, question: str, options: RunOptions, output_f
             _write_report(text, output_format, out,
                           done_line=f"Run {run_id} ended {'partial' if partial and state == 'done' else state}")
     finally:
-        pool.shutdown(cancel_futures=True)
+        pool.stop_now()  # nothing more is asked of it: its processes are ended, not left a second to wind down
     if text is None:
         typer.echo(f"Run {run_id} ended {state} with no report.", err=True)
         raise typer.Exit(code=1)

@@ -251,3 +251,24 @@ def test_a_warmed_pool_has_imported_the_readers_before_its_first_task(warmed: bo
         assert pool.submit(has_imported, "trafilatura").result(timeout=60) is warmed
     finally:
         pool.shutdown()
+
+
+def test_stopping_a_pool_now_ends_its_processes_without_waiting_for_their_work(tmp_path: Path) -> None:
+    """`stop_now` (the terminal's exit, its report printed): a task still running in a child is not waited for, the
+    children are gone when it returns, the task fails as its process died, and nothing new starts."""
+    pool = SupervisedPool(2, task_timeout_seconds=None)
+    marker = tmp_path / "pid"
+    stuck = pool.submit(report_pid_then_wait, str(marker))
+    wait_for(marker.exists, "the task to start in a child", 60)
+    children = _pool_children()
+    assert int(marker.read_text()) in children
+
+    pool.stop_now()
+
+    assert not any(Path(f"/proc/{pid}").exists() and _status_field(pid, "State") not in (None, "Z (zombie)")
+                   for pid in children)
+    with pytest.raises(CpuWorkerDied):
+        stuck.result(timeout=60)
+    with pytest.raises(RuntimeError):
+        pool.submit(len, "x")
+    wait_for(lambda: not _pool_children(), "the pool's processes to be reaped", 30)
