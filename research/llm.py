@@ -35,18 +35,20 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 import httpx
-import openai
-from openai.types.chat import ChatCompletion
-from openai.types.completion_usage import CompletionUsage
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from research.errors import DeepthreadError
 from research.markdown import read
 from research.models import ModelUsage
+
+if TYPE_CHECKING:  # the SDK is imported where a call first needs it: it is a fifth of a run's start-up
+    import openai
+    from openai.types.chat import ChatCompletion
+    from openai.types.completion_usage import CompletionUsage
 
 DEFAULT_LLM_BASE_URL = "https://api.openai.com/v1"
 # The SDK refuses an empty key, and local servers (Ollama, vLLM, LM Studio) ignore whatever is sent.
@@ -598,6 +600,8 @@ def context_overflow_window(error: openai.APIStatusError) -> int | None | Litera
 
 def translate_error(error: openai.OpenAIError, config: LLMConfig, model: str) -> LLMError:
     """Our plain, secret-free error for an SDK error."""
+    import openai
+
     if isinstance(error, openai.APITimeoutError):
         return LLMUnavailable(f"the LLM endpoint could not be connected to within {config.connect_timeout_seconds:g} s")
     if isinstance(error, openai.APIConnectionError):
@@ -648,6 +652,8 @@ def _retry_after(headers: httpx.Headers | Mapping[str, str]) -> float | None:
 def retry_delay(error: openai.OpenAIError, attempt: int) -> float | None:
     """How long to wait before sending a failed request again, or None when it must not be sent again: only a
     request that never reached the server, a 408/409/429 or a 5xx (an answer, so the server is done with it)."""
+    import openai
+
     backoff = min(INITIAL_RETRY_DELAY * 2.0 ** attempt, MAX_RETRY_DELAY) * (1 - 0.25 * random.random())
     if isinstance(error, openai.APITimeoutError):
         # A connection or a pool slot not had in time: never sent. A read timeout: the server may be working on it.
@@ -836,13 +842,22 @@ class LLMClient:
         self._sleep = sleep
         self._owns_http_client = http_client is None
         self._http = http_client
-        self._sdk = openai.AsyncOpenAI(
-            api_key=config.api_key or NO_API_KEY_PLACEHOLDER,
-            base_url=config.base_url,
-            timeout=config.timeout_seconds,
-            max_retries=0,  # retried here, where a request the server may still be working on is never sent again
-            http_client=http_client,  # type: ignore[arg-type]  # the SDK accepts httpx as well as httpx2 clients
-        )
+        self._sdk_client: openai.AsyncOpenAI | None = None  # made on the first call (`_sdk`)
+
+    @property
+    def _sdk(self) -> openai.AsyncOpenAI:
+        """The SDK's client, made (and the SDK imported) on first use: a run asks the model only once it has started."""
+        if self._sdk_client is None:
+            import openai
+
+            self._sdk_client = openai.AsyncOpenAI(
+                api_key=self.config.api_key or NO_API_KEY_PLACEHOLDER,
+                base_url=self.config.base_url,
+                timeout=self.config.timeout_seconds,
+                max_retries=0,  # retried here, where a request the server may still be working on is never sent again
+                http_client=self._http if not self._owns_http_client else None,  # type: ignore[arg-type]  # httpx or httpx2
+            )
+        return self._sdk_client
 
     @property
     def quirks(self) -> EndpointQuirks:
@@ -868,7 +883,8 @@ class LLMClient:
     async def aclose(self) -> None:
         """Close the HTTP clients if this client created them (a caller's client stays open; views never close)."""
         if self._owns_http_client:
-            await self._sdk.close()
+            if self._sdk_client is not None:
+                await self._sdk_client.close()
             if self._http is not None:
                 await self._http.aclose()
 
@@ -1075,6 +1091,8 @@ class LLMClient:
         """One chat completion's raw content and finish reason, streamed where the endpoint streams (`on_text` told
         the visible text as it grows); adapts to what the endpoint refuses, retries what never reached it or was
         answered with 429/5xx, records usage, translates errors."""
+        import openai
+
         model = self.config.model_for(fast=fast)
         quirks = self.quirks_for(model)
         started = time.monotonic()
@@ -1144,6 +1162,8 @@ class LLMClient:
 
     async def _whole(self, arguments: dict[str, Any]) -> tuple[ChatAnswer, CompletionUsage | None]:
         """One completion asked for whole, within the total limit."""
+        import openai
+
         timeout = openai.Timeout(self.config.timeout_seconds, connect=self.config.connect_timeout_seconds)
         try:
             async with asyncio.timeout(self.config.timeout_seconds + self.config.connect_timeout_seconds):
@@ -1157,6 +1177,8 @@ class LLMClient:
         """One completion streamed (server-sent events) within the first-token and idle limits; `on_text` told each
         time the visible text (after `shown_before`, for a continuation) grows or changes; `reasoning_content` deltas
         count as the model working but are never read, as in `_completion_answer`."""
+        import openai
+
         streaming = {**arguments, "stream": True}
         if quirks.send_stream_options:
             streaming["stream_options"] = {"include_usage": True}

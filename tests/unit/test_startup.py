@@ -76,3 +76,23 @@ def test_the_ranker_s_libraries_load_only_once_a_run_begins_and_then_beside_it()
     ran = subprocess.run([sys.executable, "-c", script], cwd=Path.cwd(), capture_output=True, text=True, timeout=60)
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.split("\n")[:3] == ["[]", "['bm25s', 'numpy']", "p1"]
+
+
+def test_the_model_s_sdk_loads_with_the_first_call_not_with_the_engine() -> None:
+    # The openai SDK was a fifth of a research run's start-up; its first call comes once the run has begun.
+    script = (
+        "import sys, asyncio\n"
+        f"sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})\n"
+        "import worker.toolkit, research.engine\n"
+        "from research.llm import LLMClient\n"
+        "from tests.fakes.llm import FakeLLM\n"
+        "model = FakeLLM()\n"
+        "client = LLMClient(model.config(), http_client=model.http_client())\n"
+        "print('openai' in sys.modules)\n"
+        "print(asyncio.run(client.complete([{'role': 'user', 'content': 'Say hello.'}], task='chat'))[:5])\n"
+        "print('openai' in sys.modules)\n"
+    )
+    ran = subprocess.run([sys.executable, "-c", script], cwd=Path.cwd(), capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0, ran.stderr
+    lines = ran.stdout.split("\n")
+    assert lines[0] == "False" and lines[2] == "True" and lines[1]
