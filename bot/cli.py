@@ -156,9 +156,9 @@ def _run_in_terminal(mode: RunMode, question: str, options: RunOptions, output_f
         raise typer.Exit(code=2) from None
     if mode == "research":
         # Its processes start and import the readers while the run plans, not when its first pages arrive.
-        from research.extract import loaded
+        from research.readers import load_readers
 
-        pool.warm(loaded)
+        pool.warm(load_readers)
     sessions = _database(settings)
     run_id = create_run(sessions, place=TERMINAL, requester=TERMINAL_USER, mode=mode, question=question, options=options)
     console = Console(stderr=True)

@@ -68,7 +68,7 @@ from research.phases import verify as verify_phase
 from research.phases.decompose import Decomposition
 from research.plan import ResearchPlan, plan_as_decomposition, render_plan_markdown
 from research.prompts import system_prompt
-from research import rank
+from research import readers
 from research.rank import rank_passages_for_queries
 from research.providers import NoSearchProviderError, SearchConfig, SearchRouter, build_router, build_scraper
 from research.scrape_fallback import FallbackFetcher
@@ -398,7 +398,7 @@ async def research(
 
 async def _research(run: _Run, question: str, plan: Any, context: str | None,
                     options: ResearchOptions, tools: ResearchTools) -> Report:
-    rank.preload()  # the ranker's libraries load while the run waits for its model and searches
+    readers.preload()  # the readers and the ranker's libraries load while the run waits for its model and searches
     state = run.state
     budget = Budget(options)
     fetch_budget = FetchBudget(options.max_fetch_bytes)

@@ -94,11 +94,6 @@ _TRAFILATURA_OPTIONS = TrafilaturaOptions(output_format="python", comments=False
 logger = logging.getLogger(__name__)
 
 
-def loaded() -> None:
-    """Nothing: a CPU pool process that runs it has imported this module, and trafilatura and lxml with it
-    (`SupervisedPool.warm(loaded)`)."""
-
-
 def page_host(url: str) -> str:
     """What a log line says of a page: its host, since a full URL may be one a person pasted into a question."""
     return urlsplit(url).hostname or "a page"

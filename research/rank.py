@@ -6,36 +6,15 @@ Both steps are deterministic: ties in score keep passage order, and selection de
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from research.models import Passage
 from research.passages import count_words, passage_number
 
-if TYPE_CHECKING:  # imported where used: bm25s and numpy take a third of a second, and a run ranks only after reading
+if TYPE_CHECKING:  # imported where used (and early by research.readers.preload): a run ranks only after reading
     import bm25s
     import numpy as np
-
-_preloading = threading.Lock()
-_preloaded = False
-
-
-def preload() -> None:
-    """Import the ranker's libraries in a thread of their own, once per process: a run starts it as it begins, so
-    the import happens while the run waits for its model and its searches, not when it first ranks."""
-    global _preloaded
-    with _preloading:
-        if _preloaded:
-            return
-        _preloaded = True
-    threading.Thread(target=_import_libraries, name="deepthread-rank-preload", daemon=True).start()
-
-
-def _import_libraries() -> None:
-    import bm25s  # noqa: F401
-    import numpy  # noqa: F401
-
 
 RankedPassages = list[tuple[Passage, float]]
 

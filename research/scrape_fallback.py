@@ -16,7 +16,6 @@ from concurrent.futures import Executor
 
 from research.cpu import run_cpu
 from research.events import Emit, ProviderCall, ProviderError, ProviderResult
-from research.extract import extract_document
 from research.fetch import FetchBudget, FetchConfig, SafeFetcher, media_type_of
 from research.models import FetchResult
 from research.providers import SearchProviderError
@@ -52,6 +51,8 @@ def is_script_shell(url: str, body: bytes, content_type: str | None) -> bool:
     visible = _SPACE.sub(b"", _TAGS.sub(b"", _INVISIBLE_BLOCKS.sub(b"", body)))
     if len(visible) >= MIN_MAIN_TEXT_CHARACTERS * 4:
         return False
+    from research.extract import extract_document  # in the CPU pool's process, which has the readers
+
     document = extract_document(url, body, content_type)
     return document is None or len(document.text.strip()) < MIN_MAIN_TEXT_CHARACTERS
 

@@ -17,6 +17,7 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from chat.state import RunProgress
 from ops.log_context import set_run_phase
@@ -26,14 +27,11 @@ from research.events import Error
 from research.llm import OnText
 from research.report import Report, audit_line
 from research.thread_context import THREAD_SHARE_OF_WINDOW, fit_thread_context
-from storage.answer_drafts import AnswerDraftWriter
 from storage.attempts import afinish_attempt, amark_failed, arun_inputs, astart_attempt
 from storage.db import is_transient_database_error
 from storage.leases import HeldLease
 from storage.models import utcnow
 from storage.vocabulary import RunState
-from worker.cancels import CancelWatcher
-from worker.delivery import RunDelivery
 from worker.leases import LEASE_LOST, LeaseKeeper, worker_identity
 from worker.loop import RunLoop
 from worker.runner import (
@@ -53,6 +51,11 @@ from worker.runner import (
     as_started,
     options_for_run,
 )
+
+if TYPE_CHECKING:  # a worker's parts (Redis's client with them), not the terminal's: a fifth of its start-up
+    from storage.answer_drafts import AnswerDraftWriter
+    from worker.cancels import CancelWatcher
+    from worker.delivery import RunDelivery
 
 logger = logging.getLogger(__name__)
 

@@ -17,11 +17,14 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from research.budget import CancelToken
 from storage.db import Sessions
 from storage.leases import HeldLease, end_orphaned_runs, renew_leases, resubmit_expired
-from worker.queue import TASK_BY_MODE, SendTask
+
+if TYPE_CHECKING:  # the queue (and Redis's client with it) is the reaper's, not every attempt's
+    from worker.queue import SendTask
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +118,8 @@ class LeaseKeeper:
 def reap(sessions: Sessions, send_task: SendTask, now: dt.datetime | None = None) -> list[int]:
     """Send again the runs whose lease expired (a dead worker, a lost task), and end the terminal's runs whose process
     died; returns the ids of the runs sent again."""
+    from worker.queue import TASK_BY_MODE
+
     resubmitted = resubmit_expired(sessions, now)
     for run_id, mode, task_id in resubmitted:
         send_task(TASK_BY_MODE[mode], run_id, task_id)

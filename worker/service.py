@@ -189,9 +189,9 @@ class WorkerRuntime:
     def start(self) -> None:
         """As the worker becomes ready: the CPU pool's processes start and import the readers now (not when a run's
         first pages arrive), and the reaper and the heartbeat begin."""
-        from research.extract import loaded
+        from research.readers import load_readers
 
-        self.cpu_pool.warm(loaded)
+        self.cpu_pool.warm(load_readers)
         self.start_reaper()
 
     def start_reaper(self) -> None:

@@ -14,9 +14,9 @@ from typing import NamedTuple
 
 from research.budget import ResearchOptions
 from research.cpu import run_cpu
-from research.extract import extract_document, snippet_documents
 from research.models import Document, FetchResult, Passage, SearchResult
 from research.passages import assign_passage_ids
+from research.readers import extract_document
 from research.phases.decompose import Decomposition
 from research.rank import rank_passages_for_queries, select_passages
 from research.untrusted import defuse_injections
@@ -107,6 +107,8 @@ def passages_for(documents: dict[str, Document], *, first_number: int) -> list[P
 
 def snippet_passages(sources: list[SearchResult]) -> list[Passage]:
     """When no page could be read: the search snippets as passages, marked as snippets, made from defused text."""
+    from research.extract import snippet_documents
+
     # Snippets stand in only once gathering is over: no query follows that their words could steer.
     documents, _tainted = defused(snippet_documents(sources))
     return assign_passage_ids(documents)

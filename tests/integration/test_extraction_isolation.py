@@ -240,13 +240,13 @@ def test_a_pool_recycling_its_processes_runs_every_task_of_a_backlog() -> None:
 @pytest.mark.parametrize("warmed", [True, False])
 def test_a_warmed_pool_has_imported_the_readers_before_its_first_task(warmed: bool) -> None:
     # A run's first pages used to wait for the pool's processes to spawn and import trafilatura.
-    from research.extract import loaded
+    from research.readers import load_readers
     from tests.cpu_probe import has_imported  # imports nothing but sys, so a cold process has no readers
 
     pool = SupervisedPool(1, task_timeout_seconds=None)
     try:
         if warmed:
-            for future in pool.warm(loaded):
+            for future in pool.warm(load_readers):
                 future.result(timeout=60)
         assert pool.submit(has_imported, "trafilatura").result(timeout=60) is warmed
     finally:

@@ -14,7 +14,7 @@ from typing import Any
 from research import engine
 from research.budget import ResearchOptions
 from research.engine import ResearchTools
-from research.extract import extract_document
+from research.readers import extract_document
 from research.fetch import FetchConfig
 from research.llm import LLMClient, LLMConfig
 from tests.fakes.llm import ChatRequest, FakeLLM, HandlerResult, decomposition, default_research_model

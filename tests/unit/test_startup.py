@@ -58,24 +58,26 @@ def test_a_run_with_one_search_provider_loads_no_other_provider_s_sdk() -> None:
     assert ran.stdout.split() == ["['tavily']"]
 
 
-def test_the_ranker_s_libraries_load_only_once_a_run_begins_and_then_beside_it() -> None:
-    # bm25s and numpy were a sixth of a research run's start-up, though nothing is ranked before pages are read.
+def test_the_readers_and_the_ranker_load_only_once_a_run_begins_and_then_beside_it() -> None:
+    # trafilatura (with lxml, justext) and bm25s (with numpy) were a third of a research run's start-up, though a run
+    # reads and ranks only once pages arrive, and reads in its CPU pool's processes.
+    later = "('trafilatura', 'bm25s', 'numpy')"
     script = (
         "import sys\n"
-        "import worker.toolkit, research.engine\n"
-        "print(sorted(name for name in ('bm25s', 'numpy') if name in sys.modules))\n"
-        "from research import rank\n"
-        "rank.preload()\n"
+        "import worker.toolkit, worker.attempt, research.engine, research.scrape_fallback\n"
+        f"print(sorted(name for name in {later} if name in sys.modules))\n"
+        "from research import rank, readers\n"
+        "readers.preload()\n"
         "import threading\n"
-        "[thread.join() for thread in threading.enumerate() if thread.name == 'deepthread-rank-preload']\n"
-        "print(sorted(name for name in ('bm25s', 'numpy') if name in sys.modules))\n"
+        "[thread.join() for thread in threading.enumerate() if thread.name == 'deepthread-preload']\n"
+        f"print(sorted(name for name in {later} if name in sys.modules))\n"
         "from research.models import Passage\n"
         "passage = Passage(id='p1', source_id='s1', text='tidal turbines deliver energy', start=0, end=29)\n"
         "print(rank.rank_passages('tidal energy', [passage], top_k=1)[0][0].id)\n"
     )
     ran = subprocess.run([sys.executable, "-c", script], cwd=Path.cwd(), capture_output=True, text=True, timeout=60)
     assert ran.returncode == 0, ran.stderr
-    assert ran.stdout.split("\n")[:3] == ["[]", "['bm25s', 'numpy']", "p1"]
+    assert ran.stdout.split("\n")[:3] == ["[]", "['bm25s', 'numpy', 'trafilatura']", "p1"]
 
 
 def test_the_model_s_sdk_loads_with_the_first_call_not_with_the_engine() -> None:
