@@ -842,22 +842,24 @@ class LLMClient:
         self._sleep = sleep
         self._owns_http_client = http_client is None
         self._http = http_client
-        self._sdk_client: openai.AsyncOpenAI | None = None  # made on the first call (`_sdk`)
+        # Made on the first call, and shared with every view of this client (`with_usage_callback`), one pool for all.
+        self._sdk_made: list[openai.AsyncOpenAI] = []
+        self._sdk_http = http_client
 
     @property
     def _sdk(self) -> openai.AsyncOpenAI:
         """The SDK's client, made (and the SDK imported) on first use: a run asks the model only once it has started."""
-        if self._sdk_client is None:
+        if not self._sdk_made:
             import openai
 
-            self._sdk_client = openai.AsyncOpenAI(
+            self._sdk_made.append(openai.AsyncOpenAI(
                 api_key=self.config.api_key or NO_API_KEY_PLACEHOLDER,
                 base_url=self.config.base_url,
                 timeout=self.config.timeout_seconds,
                 max_retries=0,  # retried here, where a request the server may still be working on is never sent again
-                http_client=self._http if not self._owns_http_client else None,  # type: ignore[arg-type]  # httpx or httpx2
-            )
-        return self._sdk_client
+                http_client=self._sdk_http,  # type: ignore[arg-type]  # the SDK takes httpx as well as httpx2 clients
+            ))
+        return self._sdk_made[0]
 
     @property
     def quirks(self) -> EndpointQuirks:
@@ -883,8 +885,8 @@ class LLMClient:
     async def aclose(self) -> None:
         """Close the HTTP clients if this client created them (a caller's client stays open; views never close)."""
         if self._owns_http_client:
-            if self._sdk_client is not None:
-                await self._sdk_client.close()
+            for sdk in self._sdk_made:
+                await sdk.close()
             if self._http is not None:
                 await self._http.aclose()
 
