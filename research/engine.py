@@ -398,7 +398,9 @@ async def research(
 
 async def _research(run: _Run, question: str, plan: Any, context: str | None,
                     options: ResearchOptions, tools: ResearchTools) -> Report:
-    readers.preload()  # the readers and the ranker's libraries load while the run waits for its model and searches
+    tools.llm.prepare()  # the model's SDK first: the run's first step calls it at once
+    # The ranker's libraries (and the readers, read here without a CPU pool) load while the run waits on the network.
+    readers.preload(reads_here=tools.cpu_pool is None)
     state = run.state
     budget = Budget(options)
     fetch_budget = FetchBudget(options.max_fetch_bytes)

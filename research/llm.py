@@ -846,6 +846,10 @@ class LLMClient:
         self._sdk_made: list[openai.AsyncOpenAI] = []
         self._sdk_http = http_client
 
+    def prepare(self) -> None:
+        """Import the SDK and make its client now, as the first call would."""
+        self._sdk  # noqa: B018
+
     @property
     def _sdk(self) -> openai.AsyncOpenAI:
         """The SDK's client, made (and the SDK imported) on first use: a run asks the model only once it has started."""

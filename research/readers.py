@@ -15,11 +15,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from research.models import Document
 
-# Imported in the background as a run begins: the ranker's libraries, and the readers (for a run with no CPU pool).
-LATER_MODULES = ("bm25s", "numpy", "research.extract")
+# Imported in the background as a run begins: the ranker's libraries, and the readers when the run reads in its
+# own process (no CPU pool: a pool's processes have their own).
+RANKER_MODULES = ("bm25s", "numpy")
+READER_MODULES = ("research.extract",)
 
 _preloading = threading.Lock()
-_preloaded = False
+_preload_asked: set[str] = set()
 
 
 def extract_document(url: str, body: bytes, content_type: str | None, **options: Any) -> Document | None:
@@ -34,17 +36,17 @@ def load_readers() -> None:
     importlib.import_module("research.extract")
 
 
-def preload() -> None:
-    """Import LATER_MODULES in a thread of their own, once per process: a run starts it as it begins, so the imports
-    happen while the run waits for its model and its searches, not when it first reads or ranks."""
-    global _preloaded
+def preload(*, reads_here: bool) -> None:
+    """Import what a run needs later in a thread of their own, once per process: a run starts it as it begins, so
+    the imports happen while the run waits for its model and its searches, not when it first ranks or reads."""
+    modules = RANKER_MODULES + (READER_MODULES if reads_here else ())
     with _preloading:
-        if _preloaded:
-            return
-        _preloaded = True
-    threading.Thread(target=_import_later_modules, name="deepthread-preload", daemon=True).start()
+        new = [name for name in modules if name not in _preload_asked]
+        _preload_asked.update(new)
+    if new:
+        threading.Thread(target=_import_modules, args=(new,), name="deepthread-preload", daemon=True).start()
 
 
-def _import_later_modules() -> None:
-    for name in LATER_MODULES:
+def _import_modules(names: list[str]) -> None:
+    for name in names:
         importlib.import_module(name)

@@ -67,7 +67,7 @@ def test_the_readers_and_the_ranker_load_only_once_a_run_begins_and_then_beside_
         "import worker.toolkit, worker.attempt, research.engine, research.scrape_fallback\n"
         f"print(sorted(name for name in {later} if name in sys.modules))\n"
         "from research import rank, readers\n"
-        "readers.preload()\n"
+        "readers.preload(reads_here=True)\n"
         "import threading\n"
         "[thread.join() for thread in threading.enumerate() if thread.name == 'deepthread-preload']\n"
         f"print(sorted(name for name in {later} if name in sys.modules))\n"
