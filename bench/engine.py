@@ -18,12 +18,27 @@ The one-host variant puts the same 12 pages (same latencies) on one host name, w
 is the same figure for the fetcher alone taking 6 pages of 1 s from one host (robots.txt 100 ms first).
 
     .venv/bin/python bench/engine.py
+
+`--world peer` is the world in which deepthread was raced against GPT Researcher 0.16.1: each model call
+answers in 1.5 s, each search in 0.5 s, each page in 1.0 s (robots.txt at once), 6 pages, every one found by
+every search; once with every page on one host and once on six hosts. The model answers two calls at once
+(LLM_PARALLEL_REQUESTS=true, as a cloud API does). It prints, last, `peer_engine_s_one_host=` and
+`peer_engine_s_six_hosts=` (from the engine's first step to its report, median of 5), `peer_cli_s=` (a whole
+`deepthread research` process in the six-host world, from its start to its exit, a fresh SQLite database
+included, median of 5) and `critical_path_s=` (the six-host run's, as above).
+
+    .venv/bin/python bench/engine.py --world peer
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import os
+import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import Executor
 from pathlib import Path
@@ -38,6 +53,7 @@ from research.cpu import cpu_pool  # noqa: E402
 from research.budget import ResearchOptions  # noqa: E402
 from research.events import PhaseDone, PhaseStarted  # noqa: E402
 from research.fetch import FetchConfig, SafeFetcher, build_fetch_client  # noqa: E402
+from research.llm import LLMClient  # noqa: E402
 from research.report import Report  # noqa: E402
 from tests.fakes.corpus import HOSTS, QUESTION, Corpus, options  # noqa: E402
 from tests.fakes.server import RecordedRequest  # noqa: E402
@@ -50,6 +66,12 @@ FASTEST_PAGE_SECONDS = 0.1
 SLOWEST_PAGE_SECONDS = 1.5
 ROBOTS_SECONDS = 0.1
 ROBOTS_TXT = "User-agent: *\nDisallow: /private/\n"
+
+PEER_LLM_SECONDS = 1.5
+PEER_SEARCH_SECONDS = 0.5
+PEER_PAGE_SECONDS = 1.0
+PEER_PAGES = 6
+PEER_REPEATS = 5
 
 CallKind = Literal["llm", "search", "robots", "page"]
 
@@ -131,7 +153,7 @@ def recorded_calls(corpus: Corpus) -> list[Call]:
         return Call(kind=kind, host=request.host, path=request.path, started=request.at, finished=request.finished_at)
 
     calls = [call("llm", request) for request in corpus.llm.requests.all()]
-    calls += [call("search", request) for request in corpus.search.requests("brave")]
+    calls += [call("search", request) for provider in ("brave", "tavily") for request in corpus.search.requests(provider)]
     calls += [call("robots" if request.path == "/robots.txt" else "page", request) for request in corpus.web.requests.all()]
     return sorted(calls, key=lambda item: item.started)
 
@@ -142,9 +164,12 @@ class PhaseClock:
     def __init__(self) -> None:
         self.steps: list[Step] = []
         self._open: dict[str, float] = {}
+        self.first_event_at: float | None = None
 
     async def __call__(self, event: Any) -> None:
         now = time.monotonic()
+        if self.first_event_at is None:
+            self.first_event_at = now
         if isinstance(event, PhaseStarted) and event.phase:
             self._open[event.phase] = now
         elif isinstance(event, PhaseDone) and event.phase:
@@ -203,6 +228,78 @@ def run_once(label: str, *, sequential: bool, pool: Executor | None, latencies: 
                       report_complete=report is not None and not report.partial)
 
 
+def peer_corpus(hosts: tuple[str, ...]) -> Corpus:
+    """The peer world: 6 pages spread over `hosts`, every search finding all of them, robots.txt answered at once."""
+    corpus = Corpus(page_latency=PEER_PAGE_SECONDS, llm_latency=PEER_LLM_SECONDS, search_latency=PEER_SEARCH_SECONDS,
+                    pages_per_host=PEER_PAGES // len(hosts), hosts=hosts)
+    for host in hosts:
+        corpus.web.add(f"http://{host}/robots.txt", Page(body=ROBOTS_TXT, content_type="text/plain", latency=0.0))
+    return corpus
+
+
+def run_peer(hosts: tuple[str, ...]) -> tuple[float, RunFigures]:
+    """One engine run in the peer world: seconds from its first step to its report, and its figures."""
+    corpus = peer_corpus(hosts)
+    with corpus:
+        tools = corpus.tools(providers=["tavily"], min_interval_seconds={})
+        tools.llm = LLMClient(corpus.llm.config(max_retries=0, parallel_requests=True))
+        clock = PhaseClock()
+        budget = options(max_sources=len(corpus.pages), results_per_query=len(corpus.pages), max_seconds=120)
+        started = time.monotonic()
+        report = asyncio.run(research_then_close(tools, budget, clock))
+        ended = time.monotonic()
+    unattributed = attribute(clock.steps, recorded_calls(corpus))
+    figures = RunFigures(label=f"peer world, {len(hosts)} host(s)", steps=clock.steps, wall_seconds=ended - started,
+                         unattributed_calls=unattributed, report_complete=report is not None and not report.partial)
+    return ended - (clock.first_event_at or started), figures
+
+
+def run_peer_cli(workdir: Path) -> float:
+    """Seconds for a whole `deepthread research` process in the six-host peer world (a fresh database each time)."""
+    corpus = peer_corpus(HOSTS)
+    with corpus, tempfile.TemporaryDirectory(dir=workdir) as data:
+        environment = {name: value for name, value in os.environ.items()
+                       if not name.startswith(("LLM_", "SEARCH_", "BRAVE_", "TAVILY_", "FETCH_", "DATABASE_", "REDIS_",
+                                               "RESEARCH_"))}
+        environment.update(corpus.environment())
+        environment.pop("BRAVE_API_KEY"), environment.pop("BRAVE_BASE_URL")
+        # One provider, Tavily, as in the race (Brave's plan paces its calls a second apart).
+        environment.update({"SEARCH_PROVIDERS": "tavily", "TAVILY_API_KEY": corpus.search.api_keys["tavily"],
+                            "TAVILY_BASE_URL": corpus.search.base_url("tavily"), "LLM_PARALLEL_REQUESTS": "true",
+                            "DATABASE_URL": f"sqlite:///{data}/deepthread.db", "DATA_DIR": data,
+                            "RESEARCH_MAX_SOURCES": str(PEER_PAGES)})
+        started = time.monotonic()
+        finished = subprocess.run([sys.executable, "-m", "bot.cli", "research", QUESTION, "--format", "json"],
+                                  env=environment, cwd=data, capture_output=True, text=True, timeout=120)
+        seconds = time.monotonic() - started
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    return seconds
+
+
+def peer_world() -> None:
+    print(f"peer world: LLM {PEER_LLM_SECONDS:g} s a call (two at once), search {PEER_SEARCH_SECONDS:g} s, "
+          f"{PEER_PAGES} pages of {PEER_PAGE_SECONDS:g} s, found by every search; median of {PEER_REPEATS}")
+    run_peer(ONE_HOST)  # warm-up: first imports and first extraction are not what we measure
+    engine_seconds: dict[str, list[float]] = {"one_host": [], "six_hosts": []}
+    last: dict[str, RunFigures] = {}
+    for _ in range(PEER_REPEATS):
+        for key, hosts in (("one_host", ONE_HOST), ("six_hosts", HOSTS)):
+            seconds, figures = run_peer(hosts)
+            engine_seconds[key].append(seconds)
+            last[key] = figures
+    for figures in last.values():
+        print_run(figures)
+    for key, values in engine_seconds.items():
+        print(f"engine, {key.replace('_', ' ')}: " + ", ".join(f"{value:.2f}" for value in values) + " s")
+    with tempfile.TemporaryDirectory(prefix="deepthread-bench-peer-") as workdir:
+        cli_seconds = [run_peer_cli(Path(workdir)) for _ in range(PEER_REPEATS)]
+    print("deepthread research, whole process: " + ", ".join(f"{value:.2f}" for value in cli_seconds) + " s")
+    print(f"peer_engine_s_one_host={statistics.median(engine_seconds['one_host']):.2f} "
+          f"peer_engine_s_six_hosts={statistics.median(engine_seconds['six_hosts']):.2f} "
+          f"peer_cli_s={statistics.median(cli_seconds):.2f} "
+          f"critical_path_s={last['six_hosts'].critical_path_seconds:.2f}")
+
+
 def fetch_rounds_on_one_host(pages: int, page_seconds: float = 1.0) -> float:
     """Wall time of the default fetcher taking `pages` pages of one host at once, in rounds of page latency (robots.txt included)."""
     host = ONE_HOST[0]
@@ -241,6 +338,11 @@ def print_run(figures: RunFigures) -> None:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--world", choices=("default", "peer"), default="default")
+    if parser.parse_args().world == "peer":
+        peer_world()
+        return
     print(f"LLM {LLM_SECONDS * 1000:.0f} ms a call, search {SEARCH_SECONDS * 1000:.0f} ms, "
           f"{len(HOSTS) * PAGES_PER_HOST} pages on {len(HOSTS)} hosts at "
           f"{FASTEST_PAGE_SECONDS * 1000:.0f}-{SLOWEST_PAGE_SECONDS * 1000:.0f} ms, robots.txt {ROBOTS_SECONDS * 1000:.0f} ms")
