@@ -70,11 +70,12 @@ class HeldLease(NamedTuple):
 
 
 def renew_leases(sessions: Sessions, held: Collection[HeldLease], lease_seconds: float) -> set[HeldLease]:
-    """Extend every one of `held` in one transaction; returns those no longer ours (passed to another attempt,
-    reaped, or ended)."""
-    lost: set[HeldLease] = set()
+    """Extend every one of `held` in one transaction; returns those lost: the run passed to another attempt, or was
+    reaped. A run that has ended in the lease's own attempt is not lost (the attempt stored its outcome a moment
+    ago and is letting go of the lease); it is simply not renewed."""
     if not held:
-        return lost
+        return set()
+    unrenewed: list[HeldLease] = []
     with sessions.begin() as session:
         until = database_now(session) + dt.timedelta(seconds=lease_seconds)
         for lease in held:
@@ -82,8 +83,13 @@ def renew_leases(sessions: Sessions, held: Collection[HeldLease], lease_seconds:
                     update(Run).where(Run.id == lease.run_id, Run.attempt == lease.attempt,
                                       Run.lease_owner == lease.owner, Run.state == "running")
                     .values(lease_until=until).execution_options(synchronize_session=False))):
-                lost.add(lease)
-    return lost
+                unrenewed.append(lease)
+        if not unrenewed:
+            return set()
+        rows = session.execute(select(Run.id, Run.attempt, Run.state)
+                               .where(Run.id.in_([lease.run_id for lease in unrenewed])))
+        ended_in = {run_id: attempt for run_id, attempt, state in rows if state in TERMINAL_STATES}
+    return {lease for lease in unrenewed if ended_in.get(lease.run_id) != lease.attempt}
 
 
 def holds_attempt(session: Session, run_id: int, attempt: int, *, lock: bool = False) -> bool:

@@ -152,3 +152,30 @@ def test_one_pass_renews_every_held_lease_and_stops_only_the_lost_ones(sessions:
     keeper.stop()
     assert not kept.cancelled and lease_of(sessions, first)[1] != before
     assert lost.cancelled_by == LEASE_LOST
+
+
+def test_a_lease_whose_run_just_ended_in_its_attempt_is_let_go_not_reported_lost(
+        sessions: sessionmaker[Session], caplog: pytest.LogCaptureFixture) -> None:
+    """The attempt stored its outcome (the run ended, its owner cleared) and has not left `keeping` yet, its loop
+    busy: a renewal pass in between neither stops it nor warns; a run passed to another attempt still is lost."""
+    ended, taken = admitted_chat_run(sessions, "1.0"), admitted_chat_run(sessions, "2.0")
+    with sessions.begin() as session:
+        session.execute(update(Run).where(Run.id == ended).values(state="done", attempt=1, lease_owner=None,
+                                                                   lease_until=None))
+        session.execute(update(Run).where(Run.id == taken).values(state="running", attempt=2, lease_owner="worker-b"))
+    keeper = LeaseKeeper(sessions, LEASE_SECONDS, interval=3600)
+
+    async def hold_both() -> tuple[CancelToken, CancelToken]:
+        finishing, superseded = CancelToken(), CancelToken()
+        with keeper.keeping(HeldLease(ended, 1, "worker-a"), finishing), \
+                keeper.keeping(HeldLease(taken, 1, "worker-a"), superseded):
+            await asyncio.to_thread(keeper.renew)
+            await asyncio.sleep(0)
+        return finishing, superseded
+
+    with caplog.at_level("WARNING", logger="worker.leases"):
+        finishing, superseded = asyncio.run(hold_both())
+    keeper.stop()
+    assert not finishing.cancelled
+    assert superseded.cancelled_by == LEASE_LOST
+    assert [record.getMessage() for record in caplog.records] == [f"run {taken} attempt 1 lost its lease; stopping it"]
