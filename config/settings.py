@@ -104,6 +104,9 @@ class Settings(BaseSettings):
     research_preferred_domains: CommaList = Field(default_factory=list)
 
     worker_concurrency: int = Field(default=8, gt=0)
+    # Database connections one worker process opens at most; its runs take turns for them (PostgreSQL's own limit,
+    # 100 by default, is shared by every process).
+    worker_database_connections: int = Field(default=32, gt=0)
     # Each worker process's /healthz and /metrics (0: none); workers sharing a host need a port each.
     worker_http_port: int = Field(default=9450, ge=0, le=65535)
     # One page's extraction in the CPU pool: its process is killed past this time or address-space limit.

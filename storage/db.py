@@ -180,20 +180,23 @@ def make_engine(url: str, **options: Any) -> Engine:
     return create_engine(url, **options)
 
 
-def pool_options(sessions_at_once: int) -> dict[str, int]:
+def pool_options(sessions_at_once: int, max_connections: int | None = None) -> dict[str, int]:
     """SQLAlchemy pool settings for a process whose work may hold `sessions_at_once` sessions at the same time:
-    that many connections kept, POOL_OVERFLOW more for its background threads, and a long wait rather than a failure."""
-    return {"pool_size": sessions_at_once, "max_overflow": POOL_OVERFLOW, "pool_timeout": POOL_WAIT_SECONDS}
+    that many connections kept, POOL_OVERFLOW more for its background threads, never more than `max_connections`
+    in all, and a long wait for a free one rather than a failure."""
+    cap = max_connections or sessions_at_once + POOL_OVERFLOW
+    pool_size = min(sessions_at_once, cap)
+    return {"pool_size": pool_size, "max_overflow": min(POOL_OVERFLOW, cap - pool_size), "pool_timeout": POOL_WAIT_SECONDS}
 
 
-def pooled_engine(url: str, sessions_at_once: int) -> Engine:
-    """An engine for a process whose runs may hold `sessions_at_once` sessions at the same time, a pooled connection
-    for each (an in-memory SQLite database is one shared connection, with no pool to size)."""
+def pooled_engine(url: str, sessions_at_once: int, max_connections: int | None = None) -> Engine:
+    """An engine for a process whose runs may hold `sessions_at_once` sessions at the same time: a pooled connection
+    for each, up to `max_connections` in all (an in-memory SQLite database is one shared connection, no pool)."""
     parsed = make_url(normalise_url(url))
     if parsed.get_backend_name() == "sqlite" and parsed.database in (None, "", ":memory:"):
         return make_engine(url)
     # SQLAlchemy's default pool (5 + 10 overflow) would make runs beyond 15 wait for a connection, SQLite files too.
-    return make_engine(url, **pool_options(sessions_at_once))
+    return make_engine(url, **pool_options(sessions_at_once, max_connections))
 
 
 def database_now(session: Session) -> dt.datetime:

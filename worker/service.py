@@ -45,8 +45,11 @@ BLOCKING_THREADS_BEYOND_CONCURRENCY = 4
 DELIVERY_BLOCKING_THREADS = 16
 
 def worker_engine(settings: Settings) -> Engine:
-    """The worker process's database engine, with a pooled connection for every run in flight."""
-    return pooled_engine(settings.database_url, settings.worker_concurrency + BLOCKING_THREADS_BEYOND_CONCURRENCY)
+    """The worker process's database engine: a pooled connection for every run in flight, up to
+    WORKER_DATABASE_CONNECTIONS (at 500 runs a worker, a pool sized by its runs alone met PostgreSQL's "too many
+    clients"; a run holds a connection only for a statement's time, so they take turns)."""
+    return pooled_engine(settings.database_url, settings.worker_concurrency + BLOCKING_THREADS_BEYOND_CONCURRENCY,
+                         max_connections=settings.worker_database_connections)
 
 
 def shared_ssl_context() -> ssl.SSLContext:
