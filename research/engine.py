@@ -398,8 +398,9 @@ async def research(
 
 async def _research(run: _Run, question: str, plan: Any, context: str | None,
                     options: ResearchOptions, tools: ResearchTools) -> Report:
-    tools.llm.prepare()  # the model's SDK first: the run's first step calls it at once
-    # The ranker's libraries (and the readers, read here without a CPU pool) load while the run waits on the network.
+    # The model's SDK is imported in a thread while the run's first requests (the question's search, the model's
+    # window) go out; the ranker's libraries (and the readers, without a CPU pool) load while it waits on them.
+    sdk_ready = asyncio.ensure_future(asyncio.to_thread(tools.llm.import_sdk))
     readers.preload(reads_here=tools.cpu_pool is None)
     state = run.state
     budget = Budget(options)
@@ -454,6 +455,7 @@ async def _research(run: _Run, question: str, plan: Any, context: str | None,
                     if question_search is not None:
                         # Its pages are fetched and read as soon as it answers, while the model still plans.
                         question_pages = QuestionPages(run, question_search, fetcher, reader, options)
+                await sdk_ready
                 try:
                     state.plan, state.plan_fell_back = await decompose_phase.decompose(question, llm=llm, today=today,
                                                                                        context=context)
@@ -523,7 +525,7 @@ async def _research(run: _Run, question: str, plan: Any, context: str | None,
     finally:
         if not window.done():
             window.cancel()
-        await asyncio.gather(window, return_exceptions=True)
+        await asyncio.gather(window, sdk_ready, return_exceptions=True)
         if question_pages is not None:
             await question_pages.cancel()
         if ahead is not None:

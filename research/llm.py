@@ -846,9 +846,10 @@ class LLMClient:
         self._sdk_made: list[openai.AsyncOpenAI] = []
         self._sdk_http = http_client
 
-    def prepare(self) -> None:
-        """Import the SDK and make its client now, as the first call would."""
-        self._sdk  # noqa: B018
+    @staticmethod
+    def import_sdk() -> None:
+        """Import the SDK (for a thread: the first call then only makes its client)."""
+        import openai  # noqa: F401
 
     @property
     def _sdk(self) -> openai.AsyncOpenAI:

@@ -201,8 +201,9 @@ class RunAttempt:
         earlier = without_current_question(turns_of(inputs.history), run.question)
         passages, sources = passages_and_sources(inputs.passages)
         # The thread's history takes at most CHAT_MAX_CONTEXT_TOKENS, and at most a quarter of the model's window, so
-        # the passages and the answer keep their room (the window is asked of the server once per process).
-        window = await tools.llm.context_tokens()
+        # the passages and the answer keep their room (the window is asked of the server once per process; a run
+        # with no history to fit does not wait for the answer: the engine asks beside its first steps).
+        window = await tools.llm.context_tokens() if earlier else None
         history = fit_thread_context(earlier, run.question, min(options.max_context_tokens,
                                                                  window // THREAD_SHARE_OF_WINDOW if window else
                                                                  options.max_context_tokens))
