@@ -19,25 +19,14 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from storage.attempts import AttemptOutcome, CitationFinding, Findings, PassageFinding, SourceFinding, finish_attempt, \
     start_attempt
-from storage.leases import ADMITTED
-from storage.models import Citation, Conversation, Message, Passage, Run, Source
+from tests.attempts import admitted_run
+from storage.models import Citation, Message, Passage, Run, Source
 
 pytestmark = pytest.mark.integration
 
 LEASE_SECONDS = 30.0
 # How long the test lets a new attempt try to start while a stale attempt is between its check and its inserts.
 NEW_ATTEMPT_CHANCE_SECONDS = 1.0
-
-
-def admitted_run(sessions: sessionmaker[Session]) -> int:
-    with sessions.begin() as session:
-        conversation = Conversation(platform="slack", workspace="T1", channel="C1", thread="1.0", created_by="slack:U1")
-        run = Run(conversation=conversation, workspace="T1", mode="research", question="Why is the sea salty?",
-                  requested_by="slack:U1", celery_task_id="task-1", lease_owner=ADMITTED,
-                  lease_until=dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=120))
-        session.add(run)
-        session.flush()
-        return run.id
 
 
 def findings(tag: str) -> Findings:

@@ -18,9 +18,9 @@ from research.engine import ResearchTools
 from research.llm import LLMClient
 from research.providers import SearchConfig
 from storage.db import make_engine, make_session_factory
-from storage.leases import ADMITTED, HeldLease
-from storage.models import Base, Conversation, Message, Run
-from tests.attempts import execute_stored
+from storage.leases import HeldLease
+from storage.models import Base, Message, Run
+from tests.attempts import admitted_run, execute_stored
 from tests.fakes.llm import ChatRequest, FakeLLM, HandlerResult, default_research_model
 from tests.fakes.resolver import DictResolver
 from worker.leases import LEASE_LOST, LeaseKeeper
@@ -37,17 +37,6 @@ def sessions(tmp_path) -> Iterator[sessionmaker[Session]]:
     Base.metadata.create_all(engine)
     yield make_session_factory(engine)
     engine.dispose()
-
-
-def admitted_chat_run(sessions: sessionmaker[Session], thread: str = "1.0") -> int:
-    with sessions.begin() as session:
-        conversation = Conversation(platform="slack", workspace="T1", channel="C1", thread=thread, created_by="slack:U1")
-        run = Run(conversation=conversation, workspace="T1", mode="chat", question="Why is the sea salty?",
-                  requested_by="slack:U1", celery_task_id="task-1", lease_owner=ADMITTED,
-                  lease_until=dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=120))
-        session.add(run)
-        session.flush()
-        return run.id
 
 
 def lease_of(sessions: sessionmaker[Session], run_id: int) -> tuple[int, dt.datetime | None]:
@@ -79,7 +68,7 @@ def block_until(condition: Callable[[], bool]) -> bool:
 def test_the_lease_is_renewed_while_the_runs_event_loop_is_blocked(sessions: sessionmaker[Session]) -> None:
     """The model's answer holds the runs' loop (nothing else on it can run) until the lease has been renewed three
     times, several lease lengths in all; the attempt then finishes and stores its outcome."""
-    run_id = admitted_chat_run(sessions)
+    run_id = admitted_run(sessions, mode="chat")
     renewals: list[dt.datetime] = []
 
     def renewed_three_times() -> bool:
@@ -105,7 +94,7 @@ def test_the_lease_is_renewed_while_the_runs_event_loop_is_blocked(sessions: ses
 def test_an_attempt_whose_lease_passes_to_another_stops_and_writes_nothing(sessions: sessionmaker[Session]) -> None:
     """While the model takes its time, the reaper gives the run to a second attempt: the keeper's next pass stops the
     first, which stores neither an outcome nor the bot's reply; the run stays the second attempt's."""
-    run_id = admitted_chat_run(sessions)
+    run_id = admitted_run(sessions, mode="chat")
     services = services_with(sessions, default_research_model, latency=PATIENCE_SECONDS)
 
     def pass_the_run_on_once_started() -> None:
@@ -132,7 +121,7 @@ def test_an_attempt_whose_lease_passes_to_another_stops_and_writes_nothing(sessi
 
 
 def test_one_pass_renews_every_held_lease_and_stops_only_the_lost_ones(sessions: sessionmaker[Session]) -> None:
-    first, second = admitted_chat_run(sessions, "1.0"), admitted_chat_run(sessions, "2.0")
+    first, second = admitted_run(sessions, mode="chat", thread="1.0"), admitted_run(sessions, mode="chat", thread="2.0")
     with sessions.begin() as session:
         for run_id in (first, second):
             session.execute(update(Run).where(Run.id == run_id).values(state="running", attempt=1,
@@ -158,7 +147,7 @@ def test_a_lease_whose_run_just_ended_in_its_attempt_is_let_go_not_reported_lost
         sessions: sessionmaker[Session], caplog: pytest.LogCaptureFixture) -> None:
     """The attempt stored its outcome (the run ended, its owner cleared) and has not left `keeping` yet, its loop
     busy: a renewal pass in between neither stops it nor warns; a run passed to another attempt still is lost."""
-    ended, taken = admitted_chat_run(sessions, "1.0"), admitted_chat_run(sessions, "2.0")
+    ended, taken = admitted_run(sessions, mode="chat", thread="1.0"), admitted_run(sessions, mode="chat", thread="2.0")
     with sessions.begin() as session:
         session.execute(update(Run).where(Run.id == ended).values(state="done", attempt=1, lease_owner=None,
                                                                    lease_until=None))

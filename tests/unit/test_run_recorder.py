@@ -20,11 +20,11 @@ from research.llm import LLMClient
 from research.providers import SearchConfig
 from storage.db import make_engine, make_session_factory
 from storage.models import Base, Conversation, Event, Run
+from tests.attempts import admitted_run
 from tests.fakes.llm import ChatRequest, FakeLLM, HandlerResult, default_research_model
 from tests.fakes.resolver import DictResolver
 from tests.waiting import eventually
 from worker.leases import reap
-from worker.queue import ADMITTED
 from tests.attempts import execute_stored
 from worker.runner import RunnerServices, RunRecorder
 
@@ -167,17 +167,6 @@ class DatabaseLock:
             self.held = False
 
 
-def admitted_chat_run(sessions: sessionmaker[Session]) -> int:
-    with sessions.begin() as session:
-        conversation = Conversation(platform="slack", workspace="T1", channel="C1", thread="1.0", created_by="slack:U1")
-        run = Run(conversation=conversation, workspace="T1", mode="chat", question="How do tides work?",
-                  requested_by="slack:U1", celery_task_id="task-1", lease_owner=ADMITTED,
-                  lease_until=dt.datetime.now(dt.timezone.utc) + dt.timedelta(minutes=5))
-        session.add(run)
-        session.flush()
-        return run.id
-
-
 def locking_model(lock: DatabaseLock, answers: list[str]) -> FakeLLM:
     """A model that answers, and the first time, takes the database lock just before: the run finishes into it."""
     def answer(request: ChatRequest) -> HandlerResult:
@@ -199,7 +188,7 @@ def chat_services(sessions: sessionmaker[Session], model: FakeLLM, sleep) -> Run
 
 def test_a_run_finishing_into_a_locked_database_stores_its_answer_once_the_lock_is_released(sqlite_file) -> None:
     sessions, path = sqlite_file
-    run_id = admitted_chat_run(sessions)
+    run_id = admitted_run(sessions, mode="chat", question="How do tides work?")
     lock, waits = DatabaseLock(path), []
 
     async def sleep(seconds: float) -> None:
@@ -217,7 +206,7 @@ def test_a_run_finishing_into_a_locked_database_stores_its_answer_once_the_lock_
 
 def test_a_run_whose_outcome_cannot_be_stored_is_not_failed_and_the_reapers_next_attempt_finishes_it(sqlite_file) -> None:
     sessions, path = sqlite_file
-    run_id = admitted_chat_run(sessions)
+    run_id = admitted_run(sessions, mode="chat", question="How do tides work?")
     lock, waits, answers = DatabaseLock(path), [], []
 
     async def sleep(seconds: float) -> None:

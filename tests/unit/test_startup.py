@@ -42,6 +42,13 @@ def test_research_with_a_bad_setting_names_it_before_loading_the_engine() -> Non
     assert result.loaded(RUN_MODULES) == []
 
 
+def printed_by(script: str) -> list[str]:
+    """The lines a fresh interpreter prints running `script` (which must succeed)."""
+    ran = subprocess.run([sys.executable, "-c", script], cwd=Path.cwd(), capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0, ran.stderr
+    return ran.stdout.splitlines()
+
+
 def test_a_run_with_one_search_provider_loads_no_other_provider_s_sdk() -> None:
     # exa-py alone took a good part of a research run's start-up though only Tavily was configured.
     script = (
@@ -53,9 +60,7 @@ def test_a_run_with_one_search_provider_loads_no_other_provider_s_sdk() -> None:
         "router = build_router(config, http=httpx.AsyncClient(), emit=emit)\n"
         "print(sorted(name for name in ('exa_py', 'tavily') if name in sys.modules))\n"
     )
-    ran = subprocess.run([sys.executable, "-c", script], cwd=Path.cwd(), capture_output=True, text=True, timeout=60)
-    assert ran.returncode == 0, ran.stderr
-    assert ran.stdout.split() == ["['tavily']"]
+    assert printed_by(script) == ["['tavily']"]
 
 
 def test_the_readers_and_the_ranker_load_only_once_a_run_begins_and_then_beside_it() -> None:
@@ -75,9 +80,7 @@ def test_the_readers_and_the_ranker_load_only_once_a_run_begins_and_then_beside_
         "passage = Passage(id='p1', source_id='s1', text='tidal turbines deliver energy', start=0, end=29)\n"
         "print(rank.rank_passages('tidal energy', [passage], top_k=1)[0][0].id)\n"
     )
-    ran = subprocess.run([sys.executable, "-c", script], cwd=Path.cwd(), capture_output=True, text=True, timeout=60)
-    assert ran.returncode == 0, ran.stderr
-    assert ran.stdout.split("\n")[:3] == ["[]", "['bm25s', 'numpy', 'trafilatura']", "p1"]
+    assert printed_by(script) == ["[]", "['bm25s', 'numpy', 'trafilatura']", "p1"]
 
 
 def test_the_model_s_sdk_loads_with_the_first_call_not_with_the_engine() -> None:
@@ -94,7 +97,5 @@ def test_the_model_s_sdk_loads_with_the_first_call_not_with_the_engine() -> None
         "print(asyncio.run(client.complete([{'role': 'user', 'content': 'Say hello.'}], task='chat'))[:5])\n"
         "print('openai' in sys.modules)\n"
     )
-    ran = subprocess.run([sys.executable, "-c", script], cwd=Path.cwd(), capture_output=True, text=True, timeout=60)
-    assert ran.returncode == 0, ran.stderr
-    lines = ran.stdout.split("\n")
+    lines = printed_by(script)
     assert lines[0] == "False" and lines[2] == "True" and lines[1]
