@@ -194,7 +194,18 @@ class WorkerRuntime:
         first pages arrive), and the reaper and the heartbeat begin."""
         from research.readers import load_readers
 
-        self.cpu_pool.warm(load_readers)
+        warming = self.cpu_pool.warm(load_readers)
+        left = [len(warming)]
+        lock = threading.Lock()
+
+        def one_ready(_: object) -> None:
+            with lock:
+                left[0] -= 1
+                if left[0] == 0:
+                    logger.info("CPU pool ready: %s processes have the readers loaded", len(warming))
+
+        for future in warming:
+            future.add_done_callback(one_ready)
         self.start_reaper()
 
     def start_reaper(self) -> None:

@@ -47,11 +47,13 @@ def reports_in_thread(slack: FakeSlack, cluster: Cluster, run_id: int):
 def test_research_run_edits_one_status_message_through_the_phases_and_reports_in_the_thread(
         tmp_path: Path, redis_url: str, slack: FakeSlack) -> None:
     with Corpus(llm_latency=1.6, search_latency=1.6, page_latency=1.6) as corpus:
-        cluster = make_cluster(tmp_path, redis_url, corpus, slack)
+        cluster = make_cluster(tmp_path, redis_url, corpus, slack, log_level="INFO")
         try:
             worker = psutil.Process(cluster.start_worker("w1").pid)
-            # The CPU pool's processes start with the worker, not when its first run's pages arrive.
-            cluster.wait_for(lambda: len(worker.children(recursive=True)) >= 2, 60, "the CPU pool's processes")
+            # The CPU pool's processes start with the worker and load the readers, before its first run (whose
+            # status edits they would otherwise slow while they import).
+            cluster.wait_for(lambda: "CPU pool ready" in cluster.log("w1"), 60, "the CPU pool's processes to be ready")
+            assert len(worker.children(recursive=True)) >= 2
             run_id, position = cluster.start_run(QUESTION, user="U0ALICE1")
             assert position is None
             run = cluster.wait_for_state(run_id, {"done", "failed", "cancelled", "timed_out"}, timeout=90)
