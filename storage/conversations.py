@@ -12,12 +12,12 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
-from sqlalchemy import ColumnElement, Select, false, func, or_, select, update
+from sqlalchemy import ColumnElement, Select, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from storage.admission import waiting
-from storage.db import Sessions, off_loop
+from storage.db import Sessions, hold_write_lock, off_loop
 from storage.feedback import Verdict, record_comment, record_verdict
 from storage.models import Conversation, Message, Run
 from storage.quotas import DailyQuotas, QuotaReached, quota_reached
@@ -245,15 +245,14 @@ def store_run(sessions: Sessions, new: NewRun, *, max_waiting: int | None = None
 def _one_new_run_at_a_time(session: Session, requester: str) -> None:
     """Hold, until the transaction ends, a lock that any other transaction storing a run of `requester` waits for.
 
-    PostgreSQL: a transaction-scoped advisory lock keyed by the requester. SQLite: the database's one write lock,
-    taken now by an UPDATE that matches nothing (SQLite admits one writer at a time, so this serialises every
-    writer briefly, which SQLite does anyway at the insert that follows).
+    PostgreSQL: a transaction-scoped advisory lock keyed by the requester. SQLite: the database's one write lock
+    (`storage.db.hold_write_lock`; SQLite admits one writer at a time anyway, at the insert that follows).
     """
     if session.get_bind().dialect.name == "postgresql":
         key = int.from_bytes(hashlib.blake2b(requester.encode("utf-8"), digest_size=8).digest(), "big", signed=True)
         session.execute(select(func.pg_advisory_xact_lock(key)))
     else:
-        session.execute(update(Run).where(false()).values(requested_by=requester))
+        hold_write_lock(session, Run.id)
 
 
 def _conversation(session: Session, new: NewRun) -> Conversation:

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, ParamSpec, Self, TypeAlias, TypeVar
 
-from sqlalchemy import CursorResult, Engine, Result, create_engine, event, func, select, text
+from sqlalchemy import CursorResult, Engine, Result, create_engine, event, false, func, select, text, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as ConnectionPoolTimeout
@@ -208,6 +208,19 @@ def database_now(session: Session) -> dt.datetime:
         moment = session.execute(text("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')")).scalar_one()
         return dt.datetime.fromisoformat(moment).replace(tzinfo=dt.timezone.utc)
     return session.execute(select(func.now())).scalar_one().astimezone(dt.timezone.utc)
+
+
+def hold_write_lock(session: Session, column: Any) -> None:
+    """On SQLite, take the database's write lock now and hold it until the session's transaction ends (`column`:
+    any mapped column, whose table the no-op write names).
+
+    A read takes no lock there, and FOR UPDATE means nothing, so a check read before a write could be overtaken
+    by another writer in between. An UPDATE that matches no row (of `column`'s table) opens the write transaction
+    at once. Other databases lock rows or keys as asked; nothing is done for them.
+    """
+    if session.get_bind().dialect.name == "sqlite":
+        session.execute(update(column.table).where(false()).values({column.key: column})
+                        .execution_options(synchronize_session=False))
 
 
 def changed_rows(result: Result[Any]) -> int:

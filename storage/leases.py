@@ -14,7 +14,7 @@ from typing import NamedTuple
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from storage.db import Sessions, changed_rows, database_now, off_loop
+from storage.db import Sessions, changed_rows, database_now, hold_write_lock, off_loop
 from storage.models import Conversation, Run
 from storage.vocabulary import ACTIVE_STATES, TERMINAL_STATES, RunMode
 
@@ -96,18 +96,14 @@ def holds_attempt(session: Session, run_id: int, attempt: int, *, lock: bool = F
     """Whether `attempt` is still the run's current one, inside the caller's session (every write, edit and post asks).
 
     With `lock`, a new attempt cannot start (`take_lease`) between this check and the writes that follow it in the
-    session: on PostgreSQL the run's row stays locked (SELECT … FOR UPDATE) until the session commits; on SQLite,
-    where FOR UPDATE means nothing and a read takes no lock, the check is itself a write that matches the row only
-    while `attempt` is current, and SQLite's one write lock is held from it to the commit.
+    session: on PostgreSQL the run's row stays locked (SELECT … FOR UPDATE) until the session commits; on SQLite the
+    database's write lock is taken before the check and held to the commit (`storage.db.hold_write_lock`).
     """
     query = select(Run.attempt).where(Run.id == run_id)
-    if not lock:
-        return session.scalar(query) == attempt
-    if session.get_bind().dialect.name == "postgresql":
-        return session.scalar(query.with_for_update()) == attempt
-    return bool(changed_rows(session.execute(
-        update(Run).where(Run.id == run_id, Run.attempt == attempt).values(attempt=Run.attempt)
-        .execution_options(synchronize_session=False))))
+    if lock:
+        hold_write_lock(session, Run.id)
+        query = query.with_for_update()
+    return session.scalar(query) == attempt
 
 
 def is_current_attempt(sessions: Sessions, run_id: int, attempt: int) -> bool:

@@ -97,14 +97,17 @@ def test_no_new_attempt_starts_between_a_stale_attempts_check_and_its_writes(ses
     paused, resume = threading.Event(), threading.Event()
     storing_thread: list[int] = []
 
+    checked: list[str] = []
+
     def pause_at_the_first_write(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        """In the storing thread, before its first write after the ownership check (the check itself may be a
-        write: `UPDATE runs SET attempt=runs.attempt …` on SQLite)."""
-        words = statement.split()
-        first_write = words[0].upper() in ("UPDATE", "INSERT", "DELETE") and "attempt=runs.attempt" not in statement
-        if threading.get_ident() in storing_thread and first_write and not paused.is_set():
+        """In the storing thread, before the first statement after its ownership check (`SELECT runs.attempt …`)."""
+        if threading.get_ident() not in storing_thread or paused.is_set():
+            return
+        if checked:
             paused.set()
             resume.wait(timeout=30)
+        elif statement.lstrip().upper().startswith("SELECT RUNS.ATTEMPT"):
+            checked.append(statement)
 
     def store_first() -> bool:
         storing_thread.append(threading.get_ident())
