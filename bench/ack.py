@@ -37,8 +37,8 @@ from bot.slack.dedupe import RedisEventDeduper  # noqa: E402
 from bot.cli import platform_core  # noqa: E402
 from bot.slack.bundle import BUNDLE as SLACK  # noqa: E402
 from bot.slack.server import build_http_app  # noqa: E402
-from config import Settings, load_settings  # noqa: E402
-from storage.db import make_engine, make_session_factory  # noqa: E402
+from config import load_settings  # noqa: E402
+from storage.db import Sessions, make_engine, make_session_factory  # noqa: E402
 from storage.admission import waiting  # noqa: E402
 from storage.migrate import upgrade  # noqa: E402
 from storage.models import Run  # noqa: E402
@@ -60,17 +60,12 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[rank - 1]
 
 
-def questions_with_runs(settings: Settings) -> tuple[list[str], dict[str, int]]:
+def questions_with_runs(sessions: Sessions) -> tuple[list[str], dict[str, int]]:
     """The questions of every stored run, and how many runs each requester has waiting in the queue."""
-    engine = make_engine(settings.database_url)
-    try:
-        with make_session_factory(engine)() as session:
-            questions = list(session.scalars(select(Run.question)))
-            rows = session.execute(select(Run.requested_by, func.count()).where(waiting()).group_by(Run.requested_by))
-            waiting_by_user = {str(user): int(count) for user, count in rows}
-            return questions, waiting_by_user
-    finally:
-        engine.dispose()
+    with sessions() as session:
+        questions = list(session.scalars(select(Run.question)))
+        rows = session.execute(select(Run.requested_by, func.count()).where(waiting()).group_by(Run.requested_by))
+        return questions, {str(user): int(count) for user, count in rows}
 
 
 @dataclass
@@ -92,8 +87,8 @@ class Answers:
     unanswered: int
 
 
-def answers(settings: Settings, catcher: ResponseUrlCatcher, sent: list[Command]) -> Answers:
-    questions = set(questions_with_runs(settings)[0])
+def answers(sessions: Sessions, catcher: ResponseUrlCatcher, sent: list[Command]) -> Answers:
+    questions = set(questions_with_runs(sessions)[0])
     replied = {response.path: response.payload.get("text", "") for response in catcher.responses()}
     runs = refused = other = unanswered = 0
     for command in sent:
@@ -108,11 +103,11 @@ def answers(settings: Settings, catcher: ResponseUrlCatcher, sent: list[Command]
     return Answers(runs=runs, refused=refused, other_replies=other, unanswered=unanswered)
 
 
-def wait_for_answers(settings: Settings, catcher: ResponseUrlCatcher, sent: list[Command]) -> tuple[float, Answers]:
+def wait_for_answers(sessions: Sessions, catcher: ResponseUrlCatcher, sent: list[Command]) -> tuple[float, Answers]:
     """Seconds until every command has its run or its reply (or ALL_ANSWERS_TIMEOUT_SECONDS passed), and the tally."""
     started = time.monotonic()
     while True:
-        tally = answers(settings, catcher, sent)
+        tally = answers(sessions, catcher, sent)
         if tally.unanswered == 0 or time.monotonic() - started > ALL_ANSWERS_TIMEOUT_SECONDS:
             return time.monotonic() - started, tally
         time.sleep(0.1)
@@ -150,6 +145,8 @@ def main() -> None:
                                  slack_bot_token=slack.token, slack_signing_secret=SIGNING_SECRET,
                                  slack_api_url=slack.api_url)
         upgrade(settings.database_url)
+        engine = make_engine(settings.database_url)  # the benchmark's own reads, one pool for all its polls
+        sessions = make_session_factory(engine)
         client = build_slack_client(slack.token, slack.api_url)
         core = platform_core(SLACK, settings)
         app = build_slack_app(settings, core, client=client, dedupe=RedisEventDeduper.from_url(redis_url))
@@ -158,12 +155,13 @@ def main() -> None:
             wall_started = time.monotonic()
             sent = send_commands(sender, arguments.requests, arguments.users)
             sending = time.monotonic() - wall_started
-            settled, tally = wait_for_answers(settings, catcher, sent)
+            settled, tally = wait_for_answers(sessions, catcher, sent)
             # Right after the burst, a new person's command: acknowledged, and its run stored, as quickly as ever.
             after = send_command(sender, "one more question: is the app still answering?", "U0AFTER01")
-            next_run_s, after_tally = wait_for_answers(settings, catcher, [after])
+            next_run_s, after_tally = wait_for_answers(sessions, catcher, [after])
             sender.close()
-        waiting_by_user = questions_with_runs(settings)[1]
+        waiting_by_user = questions_with_runs(sessions)[1]
+        engine.dispose()
 
     milliseconds = [command.ack_seconds * 1000 for command in sent]
     p50, p99 = percentile(milliseconds, 0.50), percentile(milliseconds, 0.99)

@@ -104,6 +104,14 @@ class CancelToken:
     async def wait(self) -> None:
         await self._event.wait()
 
+    def cancel_from_thread(self, loop: asyncio.AbstractEventLoop, by: str | None = None) -> None:
+        """From another thread: cancel in `loop`, the one the run awaits the token in (nothing once it has closed:
+        the run has finished)."""
+        try:
+            loop.call_soon_threadsafe(self.cancel, by)
+        except RuntimeError:
+            pass
+
 
 class EventSink:
     """Numbers events `seq` 1, 2, … and forwards them; refuses anything after the terminal event."""

@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Collection
 from typing import NamedTuple
 
-from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy import and_, func, or_, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from storage.db import Sessions, changed_rows, database_now, hold_write_lock, off_loop
@@ -75,15 +75,13 @@ def renew_leases(sessions: Sessions, held: Collection[HeldLease], lease_seconds:
     ago and is letting go of the lease); it is simply not renewed."""
     if not held:
         return set()
-    unrenewed: list[HeldLease] = []
     with sessions.begin() as session:
         until = database_now(session) + dt.timedelta(seconds=lease_seconds)
-        for lease in held:
-            if not changed_rows(session.execute(
-                    update(Run).where(Run.id == lease.run_id, Run.attempt == lease.attempt,
-                                      Run.lease_owner == lease.owner, Run.state == "running")
-                    .values(lease_until=until).execution_options(synchronize_session=False))):
-                unrenewed.append(lease)
+        renewed = set(session.scalars(
+            update(Run).where(tuple_(Run.id, Run.attempt, Run.lease_owner).in_([tuple(lease) for lease in held]),
+                              Run.state == "running")
+            .values(lease_until=until).returning(Run.id).execution_options(synchronize_session=False)))
+        unrenewed = [lease for lease in held if lease.run_id not in renewed]
         if not unrenewed:
             return set()
         rows = session.execute(select(Run.id, Run.attempt, Run.state)

@@ -99,10 +99,7 @@ class CancelWatcher:
         for run_id, by in stopped.items():
             loop, token = watched[run_id]
             if not token.cancelled:
-                try:
-                    loop.call_soon_threadsafe(token.cancel, by)
-                except RuntimeError:  # the run's loop has closed: it has finished
-                    pass
+                token.cancel_from_thread(loop, by)
 
     def stop(self) -> None:
         self._stopping.set()

@@ -98,10 +98,7 @@ class LeaseKeeper:
         for lease in lost:
             kept = held[lease]
             logger.warning("run %s attempt %s lost its lease; stopping it", lease.run_id, lease.attempt)
-            try:
-                kept.loop.call_soon_threadsafe(kept.token.cancel, LEASE_LOST)
-            except RuntimeError:  # the attempt's loop has closed: it has finished
-                pass
+            kept.token.cancel_from_thread(kept.loop, LEASE_LOST)
 
     def stop(self) -> None:
         """Renew no more (the thread ends at its next wake-up)."""

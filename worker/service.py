@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from concurrent import futures
 import os
 import ssl
 import threading
@@ -195,17 +196,12 @@ class WorkerRuntime:
         from research.readers import load_readers
 
         warming = self.cpu_pool.warm(load_readers)
-        left = [len(warming)]
-        lock = threading.Lock()
 
-        def one_ready(_: object) -> None:
-            with lock:
-                left[0] -= 1
-                if left[0] == 0:
-                    logger.info("CPU pool ready: %s processes have the readers loaded", len(warming))
+        def say_when_ready() -> None:
+            futures.wait(warming)
+            logger.info("CPU pool ready: %s processes have the readers loaded", len(warming))
 
-        for future in warming:
-            future.add_done_callback(one_ready)
+        threading.Thread(target=say_when_ready, name="deepthread-pool-warm-up", daemon=True).start()
         self.start_reaper()
 
     def start_reaper(self) -> None:
