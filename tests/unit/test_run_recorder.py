@@ -45,7 +45,9 @@ def stored_seqs(sessions: sessionmaker[Session], run_id: int) -> list[int]:
         return list(session.scalars(select(Event.seq).where(Event.run_id == run_id).order_by(Event.seq)))
 
 
-def test_events_are_shown_at_once_and_stored_together_shortly_after(session_factory) -> None:
+def test_events_are_shown_at_once_and_stored_together_shortly_after(sqlite_file) -> None:
+    # A file, not the one shared in-memory connection: the batched write runs in a thread while this test reads.
+    session_factory, _path = sqlite_file
     run = running_run(session_factory)
     shown: list[RunProgress] = []
     delays: list[float] = []
