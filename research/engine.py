@@ -398,9 +398,7 @@ async def research(
 
 async def _research(run: _Run, question: str, plan: Any, context: str | None,
                     options: ResearchOptions, tools: ResearchTools) -> Report:
-    # The model's SDK is imported in a thread while the run's first requests (the question's search, the model's
-    # window) go out; the ranker's libraries (and the readers, without a CPU pool) load while it waits on them.
-    sdk_ready = asyncio.ensure_future(asyncio.to_thread(tools.llm.import_sdk))
+    # The ranker's libraries (and the readers, without a CPU pool) load in a thread while the run waits on its model.
     readers.preload(reads_here=tools.cpu_pool is None)
     state = run.state
     budget = Budget(options)
@@ -455,7 +453,6 @@ async def _research(run: _Run, question: str, plan: Any, context: str | None,
                     if question_search is not None:
                         # Its pages are fetched and read as soon as it answers, while the model still plans.
                         question_pages = QuestionPages(run, question_search, fetcher, reader, options)
-                await sdk_ready
                 try:
                     state.plan, state.plan_fell_back = await decompose_phase.decompose(question, llm=llm, today=today,
                                                                                        context=context)
@@ -525,7 +522,7 @@ async def _research(run: _Run, question: str, plan: Any, context: str | None,
     finally:
         if not window.done():
             window.cancel()
-        await asyncio.gather(window, sdk_ready, return_exceptions=True)
+        await asyncio.gather(window, return_exceptions=True)
         if question_pages is not None:
             await question_pages.cancel()
         if ahead is not None:

@@ -1,4 +1,5 @@
-"""LLM access through the official `openai` SDK against any OpenAI-compatible endpoint: text, validated JSON, usage and cost.
+"""LLM access over OpenAI's chat-completions protocol (`research.llm_wire`) against any OpenAI-compatible endpoint:
+text, validated JSON, usage and cost.
 
 Time. Every call is streamed where the endpoint streams (free text and structured calls alike). Its limits are a
 connect timeout, a time to first token (`first_token_timeout_seconds`, long enough for a local server that reads
@@ -8,9 +9,9 @@ gets one total limit (`timeout_seconds`). A call whose first-token, idle or tota
 (`LLMTimeout`): the server may still be working on it, and a local server, which works on one request at a time,
 would queue the copy behind the abandoned one.
 
-Retries. The SDK's own retry loop is off. Connection failures before the request reached the server, and 429 and
-5xx answered before any output, are retried `max_retries` times with exponential backoff (0.5 s doubling to 8 s,
-with jitter), honouring `Retry-After` (up to two minutes) and `x-should-retry`, as the SDK does.
+Retries. Connection failures before the request reached the server, and 429 and 5xx answered before any output,
+are retried `max_retries` times with exponential backoff (0.5 s doubling to 8 s, with jitter), honouring
+`Retry-After` (up to two minutes) and `x-should-retry`, as OpenAI's SDK does.
 
 Quirks. Endpoints differ; a 4xx or 5xx whose body names a parameter the endpoint does not support is learnt for the
 endpoint and model, for the whole process (`learnt_quirks`), and worked around: `json_schema` → JSON mode
@@ -35,23 +36,28 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 import httpx
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from research.errors import DeepthreadError
+from research.llm_wire import (
+    ChatEndpoint,
+    EndpointConnectionError,
+    EndpointError,
+    EndpointStatusError,
+    EndpointStreamError,
+    EndpointTimeout,
+    TokenUsage,
+)
 from research.markdown import read
 from research.models import ModelUsage
 
-if TYPE_CHECKING:  # the SDK is imported where a call first needs it: it is a fifth of a run's start-up
-    import openai
-    from openai.types.chat import ChatCompletion
-    from openai.types.completion_usage import CompletionUsage
 
 DEFAULT_LLM_BASE_URL = "https://api.openai.com/v1"
-# The SDK refuses an empty key, and local servers (Ollama, vLLM, LM Studio) ignore whatever is sent.
+# Sent when no key is set: local servers (Ollama, vLLM, LM Studio) ignore whatever is sent.
 NO_API_KEY_PLACEHOLDER = "not-needed"
 CHARACTERS_PER_TOKEN = 4
 MAX_SCHEMA_NAME_LENGTH = 64
@@ -78,7 +84,7 @@ DEFAULT_TIMEOUT_SECONDS = 900.0
 DEFAULT_CONNECT_TIMEOUT_SECONDS = 10.0
 DEFAULT_FIRST_TOKEN_TIMEOUT_SECONDS = 600.0
 DEFAULT_IDLE_TIMEOUT_SECONDS = 120.0
-# Retries as the SDK spaces them (openai/_constants.py).
+# Retries as OpenAI's SDK spaces them (openai/_constants.py).
 INITIAL_RETRY_DELAY = 0.5
 MAX_RETRY_DELAY = 8.0
 MAX_RETRY_AFTER_SECONDS = 120.0
@@ -510,7 +516,7 @@ def estimate_prompt_tokens(messages: Sequence[Message]) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Errors from the SDK to ours
+# Errors from the endpoint to ours
 # ---------------------------------------------------------------------------------------------------------------
 
 _SECRET_LOOKING = re.compile(r"\b(sk|pk|rk|key)-[A-Za-z0-9_\-*]{6,}")
@@ -522,7 +528,7 @@ def _redacted(text: str, secret: str | None) -> str:
     return _SECRET_LOOKING.sub("[redacted]", text)
 
 
-def _server_message(error: openai.APIStatusError) -> str:
+def _server_message(error: EndpointStatusError) -> str:
     body = error.body
     if isinstance(body, dict) and isinstance(body.get("message"), str):
         return body["message"]
@@ -531,7 +537,7 @@ def _server_message(error: openai.APIStatusError) -> str:
     return ""
 
 
-def _error_text(error: openai.APIStatusError) -> str:
+def _error_text(error: EndpointStatusError) -> str:
     """Everything the server said, lower case: its message, the SDK's, and the rest of the error body."""
     body = error.body if isinstance(error.body, dict) else {}
     extra = json.dumps({key: value for key, value in body.items() if key != "message"}, default=str)
@@ -545,7 +551,7 @@ _REFUSAL_WORDS = ("support", "unrecognized", "unknown", "not permitted", "not al
                   "validation error", "input should be", "extra_forbidden", "literal_error")
 
 
-def _rejected_parameter(error: openai.APIStatusError) -> AdaptableParameter | None:
+def _rejected_parameter(error: EndpointStatusError) -> AdaptableParameter | None:
     """Which request parameter a 4xx or 5xx says the endpoint does not support, if it is one we can do without."""
     if error.status_code < 400 or error.status_code in (401, 403, 404, 429):
         return None
@@ -583,7 +589,7 @@ _WINDOW_SIZES = (
 )
 
 
-def context_overflow_window(error: openai.APIStatusError) -> int | None | Literal[False]:
+def context_overflow_window(error: EndpointStatusError) -> int | None | Literal[False]:
     """For an error that says the prompt did not fit: the window it names, or None when it names none; False when
     the error is about something else."""
     if error.status_code not in (400, 413, 422, 500):
@@ -598,30 +604,28 @@ def context_overflow_window(error: openai.APIStatusError) -> int | None | Litera
     return None
 
 
-def translate_error(error: openai.OpenAIError, config: LLMConfig, model: str) -> LLMError:
-    """Our plain, secret-free error for an SDK error."""
-    import openai
-
-    if isinstance(error, openai.APITimeoutError):
+def translate_error(error: EndpointError, config: LLMConfig, model: str) -> LLMError:
+    """Our plain, secret-free error for an endpoint's error."""
+    if isinstance(error, EndpointTimeout):
         return LLMUnavailable(f"the LLM endpoint could not be connected to within {config.connect_timeout_seconds:g} s")
-    if isinstance(error, openai.APIConnectionError):
+    if isinstance(error, EndpointConnectionError):
         return LLMUnavailable("could not connect to the LLM endpoint")
-    if isinstance(error, openai.AuthenticationError | openai.PermissionDeniedError):
+    if isinstance(error, EndpointStatusError) and error.status_code in (401, 403):
         return LLMAuthError(
             f"the LLM endpoint refused the API key (HTTP {error.status_code}); check LLM_API_KEY", status=error.status_code,
         )
-    if isinstance(error, openai.RateLimitError):
+    if isinstance(error, EndpointStatusError) and error.status_code == 429:
         return LLMUnavailable(
             f"the LLM endpoint is rate limiting (HTTP 429), still after {config.max_retries} retries", status=429,
         )
-    if isinstance(error, openai.APIStatusError) and error.status_code >= 500:
+    if isinstance(error, EndpointStatusError) and error.status_code >= 500:
         return LLMUnavailable(
             f"the LLM endpoint failed (HTTP {error.status_code}), still after {config.max_retries} retries",
             status=error.status_code,
         )
-    if isinstance(error, openai.NotFoundError):
+    if isinstance(error, EndpointStatusError) and error.status_code == 404:
         return LLMError(f"the LLM endpoint answered HTTP 404: is the model name {model!r} right?", status=404)
-    if isinstance(error, openai.APIStatusError):
+    if isinstance(error, EndpointStatusError):
         detail = _redacted(_server_message(error), config.api_key)[:MAX_ERROR_DETAIL_CHARACTERS]
         suffix = f": {detail}" if detail else ""
         return LLMError(f"the LLM endpoint rejected the request (HTTP {error.status_code}){suffix}", status=error.status_code)
@@ -649,18 +653,16 @@ def _retry_after(headers: httpx.Headers | Mapping[str, str]) -> float | None:
         return when.timestamp() - time.time()
 
 
-def retry_delay(error: openai.OpenAIError, attempt: int) -> float | None:
+def retry_delay(error: EndpointError, attempt: int) -> float | None:
     """How long to wait before sending a failed request again, or None when it must not be sent again: only a
     request that never reached the server, a 408/409/429 or a 5xx (an answer, so the server is done with it)."""
-    import openai
-
     backoff = min(INITIAL_RETRY_DELAY * 2.0 ** attempt, MAX_RETRY_DELAY) * (1 - 0.25 * random.random())
-    if isinstance(error, openai.APITimeoutError):
+    if isinstance(error, EndpointTimeout):
         # A connection or a pool slot not had in time: never sent. A read timeout: the server may be working on it.
-        return backoff if type(error.__cause__).__name__ in ("ConnectTimeout", "PoolTimeout") else None
-    if isinstance(error, openai.APIConnectionError):
+        return backoff if _never_sent(error) else None
+    if isinstance(error, EndpointConnectionError):
         return backoff
-    if not isinstance(error, openai.APIStatusError):
+    if not isinstance(error, EndpointStatusError):
         return None
     should_retry = error.response.headers.get("x-should-retry")
     if should_retry == "false":
@@ -671,6 +673,11 @@ def retry_delay(error: openai.OpenAIError, attempt: int) -> float | None:
     if asked is not None and asked > MAX_RETRY_AFTER_SECONDS:
         return None
     return asked if asked is not None and asked > 0 else backoff
+
+
+def _never_sent(error: EndpointTimeout) -> bool:
+    """Whether the time limit that fired was for a connection or a pool slot: the request never reached the server."""
+    return isinstance(error.__cause__, httpx.ConnectTimeout | httpx.PoolTimeout)
 
 
 class _ResponseFormatRejected(Exception):
@@ -840,31 +847,10 @@ class LLMClient:
         self.ledger = UsageLedger()
         self._on_usage = on_usage
         self._sleep = sleep
-        self._owns_http_client = http_client is None
-        self._http = http_client
-        # Made on the first call, and shared with every view of this client (`with_usage_callback`), one pool for all.
-        self._sdk_made: list[openai.AsyncOpenAI] = []
-        self._sdk_http = http_client
-
-    @staticmethod
-    def import_sdk() -> None:
-        """Import the SDK (for a thread: the first call then only makes its client)."""
-        import openai  # noqa: F401
-
-    @property
-    def _sdk(self) -> openai.AsyncOpenAI:
-        """The SDK's client, made (and the SDK imported) on first use: a run asks the model only once it has started."""
-        if not self._sdk_made:
-            import openai
-
-            self._sdk_made.append(openai.AsyncOpenAI(
-                api_key=self.config.api_key or NO_API_KEY_PLACEHOLDER,
-                base_url=self.config.base_url,
-                timeout=self.config.timeout_seconds,
-                max_retries=0,  # retried here, where a request the server may still be working on is never sent again
-                http_client=self._sdk_http,  # type: ignore[arg-type]  # the SDK takes httpx as well as httpx2 clients
-            ))
-        return self._sdk_made[0]
+        # Shared with every view of this client (`with_usage_callback`): one connection pool for all.
+        self._endpoint = ChatEndpoint(config.base_url, config.api_key or NO_API_KEY_PLACEHOLDER,
+                                      http_client=http_client)
+        self._closes_endpoint = True
 
     @property
     def quirks(self) -> EndpointQuirks:
@@ -884,16 +870,13 @@ class LLMClient:
         view = copy.copy(self)
         view.ledger = UsageLedger()
         view._on_usage = on_usage
-        view._owns_http_client = False
+        view._closes_endpoint = False
         return view
 
     async def aclose(self) -> None:
-        """Close the HTTP clients if this client created them (a caller's client stays open; views never close)."""
-        if self._owns_http_client:
-            for sdk in self._sdk_made:
-                await sdk.close()
-            if self._http is not None:
-                await self._http.aclose()
+        """Close the HTTP client if this client created it (a caller's client stays open; views never close)."""
+        if self._closes_endpoint:
+            await self._endpoint.aclose()
 
     async def __aenter__(self) -> "LLMClient":
         return self
@@ -918,9 +901,7 @@ class LLMClient:
         quirks = self.quirks_for(model)
         if not quirks.context_looked_up:
             quirks.context_looked_up = True
-            if self._http is None:
-                self._http = httpx.AsyncClient()
-            found = await discover_context_tokens(self._http, self.config.base_url, model, self.config.api_key)
+            found = await discover_context_tokens(self._endpoint.http, self.config.base_url, model, self.config.api_key)
             quirks.context_tokens = min(found, quirks.context_tokens or found) if found else quirks.context_tokens
         return quirks.context_tokens
 
@@ -1098,8 +1079,6 @@ class LLMClient:
         """One chat completion's raw content and finish reason, streamed where the endpoint streams (`on_text` told
         the visible text as it grows); adapts to what the endpoint refuses, retries what never reached it or was
         answered with 429/5xx, records usage, translates errors."""
-        import openai
-
         model = self.config.model_for(fast=fast)
         quirks = self.quirks_for(model)
         started = time.monotonic()
@@ -1117,7 +1096,7 @@ class LLMClient:
             except _NotStreamed:
                 quirks.streams = False
                 continue
-            except openai.APIStatusError as error:
+            except EndpointStatusError as error:
                 rejected = _rejected_parameter(error)
                 if rejected == "response_format" and response_format is not None:
                     raise _ResponseFormatRejected from None
@@ -1138,14 +1117,13 @@ class LLMClient:
                     continue
                 translated = translate_error(error, self.config, model)
                 raise translated from (None if isinstance(translated, LLMAuthError) else error)
-            except openai.OpenAIError as error:
+            except EndpointError as error:
                 delay = retry_delay(error, attempt) if attempt < self.config.max_retries else None
                 if delay is not None:
                     attempt += 1
                     await self._sleep(delay)
                     continue
-                if isinstance(error, openai.APITimeoutError) and delay is None and \
-                        type(error.__cause__).__name__ not in ("ConnectTimeout", "PoolTimeout"):
+                if isinstance(error, EndpointTimeout) and not _never_sent(error):
                     raise self._timeout("total") from None
                 raise translate_error(error, self.config, model) from error
         await self._record_usage(usage, messages, answer.content, task=task, model=model,
@@ -1167,47 +1145,45 @@ class LLMClient:
             f"the model did not answer within {config.timeout_seconds:g} s (LLM_TIMEOUT, for endpoints that do not "
             "stream); it was not asked again, since it may still be working on the request", limit="LLM_TIMEOUT")
 
-    async def _whole(self, arguments: dict[str, Any]) -> tuple[ChatAnswer, CompletionUsage | None]:
+    async def _whole(self, arguments: dict[str, Any]) -> tuple[ChatAnswer, TokenUsage | None]:
         """One completion asked for whole, within the total limit."""
-        import openai
-
-        timeout = openai.Timeout(self.config.timeout_seconds, connect=self.config.connect_timeout_seconds)
+        timeout = httpx.Timeout(self.config.timeout_seconds, connect=self.config.connect_timeout_seconds)
         try:
             async with asyncio.timeout(self.config.timeout_seconds + self.config.connect_timeout_seconds):
-                completion = await self._sdk.chat.completions.create(**arguments, timeout=timeout)
+                completion, usage = await self._endpoint.complete(arguments, timeout=timeout)
         except TimeoutError:
             raise self._timeout("total") from None
-        return _completion_answer(completion), completion.usage
+        return _completion_answer(completion), usage
 
     async def _streamed(self, quirks: EndpointQuirks, arguments: dict[str, Any], on_text: OnText | None,
-                        shown_before: str, *, structured: bool = False) -> tuple[ChatAnswer, CompletionUsage | None]:
+                        shown_before: str, *, structured: bool = False) -> tuple[ChatAnswer, TokenUsage | None]:
         """One completion streamed (server-sent events) within the first-token and idle limits; `on_text` told each
         time the visible text (after `shown_before`, for a continuation) grows or changes; `reasoning_content` deltas
         count as the model working but are never read, as in `_completion_answer`."""
-        import openai
-
-        streaming = {**arguments, "stream": True}
         if quirks.send_stream_options:
-            streaming["stream_options"] = {"include_usage": True}
-        timeout = openai.Timeout(None, connect=self.config.connect_timeout_seconds)
+            arguments = {**arguments, "stream_options": {"include_usage": True}}
+        timeout = httpx.Timeout(None, connect=self.config.connect_timeout_seconds)
         raw, shown, finish_reason, usage = "", "", None, None
-        chunks, writing = 0, False
+        chunks, writing, event_stream = 0, False, True
         loop = asyncio.get_running_loop()
-        stream = None
         try:
-            async with asyncio.timeout(self.config.first_token_timeout_seconds) as limit:
-                stream = await self._sdk.chat.completions.create(**streaming, timeout=timeout)
-                async for chunk in stream:
+            async with asyncio.timeout(self.config.first_token_timeout_seconds) as limit, \
+                    self._endpoint.stream(arguments, timeout=timeout) as events:
+                event_stream = events.is_event_stream
+                async for chunk in events.chunks():
                     chunks += 1
-                    usage = chunk.usage or usage
-                    choice = chunk.choices[0] if chunk.choices else None
+                    usage = TokenUsage.read(chunk.get("usage")) or usage
+                    choices = chunk.get("choices")
+                    choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) \
+                        else None
                     if choice is not None:
-                        finish_reason = choice.finish_reason or finish_reason
-                        extra = choice.delta.model_extra or {}
-                        writing = writing or bool(choice.delta.content or extra.get("reasoning_content")
-                                                  or extra.get("reasoning"))
-                        if choice.delta.content:
-                            raw += choice.delta.content
+                        finish_reason = choice.get("finish_reason") or finish_reason
+                        delta = choice.get("delta")
+                        delta = delta if isinstance(delta, dict) else {}
+                        content = delta.get("content") if isinstance(delta.get("content"), str) else ""
+                        writing = writing or bool(content or delta.get("reasoning_content") or delta.get("reasoning"))
+                        if content:
+                            raw += content
                             visible = shown_before + _streamed_continuation(raw) if shown_before else visible_streamed_text(raw)
                             if on_text is not None and visible != shown:
                                 shown = visible
@@ -1221,17 +1197,13 @@ class LLMClient:
             if finish_reason is None:
                 raise self._timeout("idle" if writing else "first_token") from None
             # The answer was whole; only its tail (a usage chunk, the end of the stream) was slow to come.
-        except openai.APIStatusError:
-            raise
-        except openai.APIError as error:
-            if chunks == 0:
+        except (EndpointStreamError, httpx.HTTPError) as error:
+            if chunks == 0 and isinstance(error, EndpointStreamError):
                 raise
-            # The answer broke off after it began: the server is no longer working on it, and what came is unusable.
+            # The answer broke off once the server had the request: it is no longer working on it (or may still be,
+            # so it is not asked again), and what came is unusable.
             raise LLMUnavailable(f"the LLM endpoint broke off its answer ({type(error).__name__})") from None
-        finally:
-            if stream is not None:
-                await stream.close()  # a request we stopped reading is also a connection the server sees closed
-        if chunks == 0 and stream is not None and "event-stream" not in stream.response.headers.get("content-type", ""):
+        if chunks == 0 and not event_stream:
             raise _NotStreamed
         if writing and finish_reason is None:
             # Ended without saying why: llama-cpp-python's server, for one, cuts a stream short when another request
@@ -1261,7 +1233,7 @@ class LLMClient:
         return arguments
 
     async def _record_usage(
-        self, usage: CompletionUsage | None, messages: Sequence[Message], answer: str, *, task: str, model: str,
+        self, usage: TokenUsage | None, messages: Sequence[Message], answer: str, *, task: str, model: str,
         seconds: float,
     ) -> None:
         if usage is not None:
@@ -1284,9 +1256,14 @@ def _streamed_continuation(raw: str) -> str:
     return raw[:1] + visible if visible and raw[:1].isspace() and raw.lstrip().startswith(visible[:1]) else visible
 
 
-def _completion_answer(completion: ChatCompletion) -> ChatAnswer:
+def _completion_answer(completion: dict[str, Any]) -> ChatAnswer:
     """The first choice's content and finish reason; `reasoning_content`/`reasoning` fields are deliberately never read."""
-    if not completion.choices:
+    choices = completion.get("choices")
+    choice = choices[0] if isinstance(choices, list) and choices else None
+    if not isinstance(choice, dict):
         raise LLMError("the LLM endpoint returned no answer (no choices)")
-    choice = completion.choices[0]
-    return ChatAnswer(content=choice.message.content or "", finish_reason=choice.finish_reason)
+    message = choice.get("message")
+    content = message.get("content") if isinstance(message, dict) else None
+    finish_reason = choice.get("finish_reason")
+    return ChatAnswer(content=content if isinstance(content, str) else "",
+                      finish_reason=finish_reason if isinstance(finish_reason, str) else None)

@@ -571,20 +571,19 @@ async def test_a_continuation_that_starts_over_is_not_appended() -> None:
     assert answer.text == "The tide turns twice a day at this site, as the harbour logs show" and answer.cut_off
 
 
-async def test_a_client_and_its_views_share_one_sdk_client_made_on_the_first_call_and_closed_with_it() -> None:
-    """The SDK's client is made on the first call (not with the client), once for the client and every view a run
-    makes of it, and closed when the client that made its connections is closed."""
+async def test_a_client_and_its_views_share_one_http_client_made_on_the_first_call_and_closed_with_it() -> None:
+    """The HTTP client is made on the first call (not with the client), once for the client and every view a run
+    makes of it, and closed when the client that made it is closed."""
     model = FakeLLM().start()
     try:
         client = LLMClient(model.config())
         view = client.with_usage_callback(None)
-        assert client._sdk_made == []
         await view.complete([{"role": "user", "content": "Say hello."}], task="chat")
         await client.complete([{"role": "user", "content": "Say hello again."}], task="chat")
-        assert len(client._sdk_made) == 1 and view._sdk is client._sdk
+        assert view._endpoint.http is client._endpoint.http
         await view.aclose()
-        assert not client._sdk.is_closed()  # a view never closes what its client owns
+        assert not client._endpoint.http.is_closed  # a view never closes what its client owns
         await client.aclose()
-        assert client._sdk.is_closed()
+        assert client._endpoint.http.is_closed
     finally:
         model.stop()

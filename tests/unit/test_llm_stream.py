@@ -1,11 +1,15 @@
-"""Streamed answers: LLMClient reads the fake endpoint's server-sent events through the openai SDK and shows only
+"""Streamed answers: LLMClient reads the fake endpoint's server-sent events (research.llm_wire, httpx-sse) and shows only
 what a reader may see (never a reasoning block), while the finished answer is the one the non-streamed path gives."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator, Callable
 
-from research.llm import LLMClient, visible_streamed_text
+import httpx
+import pytest
+
+from research.llm import LLMClient, LLMConfig, LLMError, LLMUnavailable, visible_streamed_text
 from tests.fakes.llm import FakeLLM, FakeReply, in_order
 from tests.fakes.model_zoo import zoo_model
 
@@ -102,3 +106,48 @@ async def test_a_continued_answer_streams_on_from_the_text_already_shown() -> No
     assert text == first + rest and shown[-1] == text
     assert all(later.startswith(earlier) for earlier, later in zip(shown, shown[1:]))
 
+
+
+class _BreaksOff(httpx.AsyncByteStream):
+    """An event stream whose connection is lost after its first words."""
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield b'data: {"choices": [{"index": 0, "delta": {"content": "Paris is"}, "finish_reason": null}]}\n\n'
+        raise httpx.RemoteProtocolError("peer closed connection without sending complete message body")
+
+
+def _endpoint(reply: Callable[[], httpx.Response]) -> tuple[LLMClient, list[httpx.Request]]:
+    sent: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return reply()
+
+    config = LLMConfig(base_url="http://llm.test/v1", model="fake-model", max_retries=3)
+    return LLMClient(config, http_client=httpx.AsyncClient(transport=httpx.MockTransport(answer))), sent
+
+
+async def test_an_answer_that_breaks_off_is_unavailable_and_never_asked_again() -> None:
+    # The server had the request (it began to answer): a copy would queue behind it on a local server.
+    client, sent = _endpoint(lambda: httpx.Response(200, headers={"content-type": "text/event-stream"},
+                                                    stream=_BreaksOff()))
+    with pytest.raises(LLMUnavailable, match="broke off its answer"):
+        await client.complete(QUESTION, task="chat")
+    assert len(sent) == 1
+
+
+async def test_an_error_sent_as_the_stream_s_first_event_is_an_llm_error_not_an_answer() -> None:
+    body = b'data: {"error": {"message": "model overloaded", "type": "server_error"}}\n\n'
+    client, sent = _endpoint(lambda: httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body))
+    with pytest.raises(LLMError) as raised:
+        await client.complete(QUESTION, task="chat")
+    assert not isinstance(raised.value, LLMUnavailable) and len(sent) == 1
+
+
+async def test_an_endpoint_that_answers_a_stream_with_json_is_asked_whole_from_then_on() -> None:
+    completion = {"choices": [{"index": 0, "message": {"role": "assistant", "content": ANSWER}, "finish_reason": "stop"}],
+                  "usage": {"prompt_tokens": 12, "completion_tokens": 20, "total_tokens": 32}}
+    client, sent = _endpoint(lambda: httpx.Response(200, json=completion))
+    assert await client.complete(QUESTION, task="chat") == ANSWER
+    assert [json.loads(request.content).get("stream") for request in sent] == [True, None]
+    assert client.ledger.prompt_tokens == 12 and client.ledger.completion_tokens == 20

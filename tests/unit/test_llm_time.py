@@ -8,6 +8,7 @@ import httpx
 import pytest
 from pydantic import BaseModel
 
+from research.llm_wire import EndpointStatusError
 from research.llm import (
     ContextOverflow,
     LLMClient,
@@ -161,11 +162,8 @@ def overflow_reply(message: str = OPENAI_OVERFLOW) -> FakeReply:
                                 "code": "context_length_exceeded"}}, status=400)
 
 
-def error_for(status: int, body: dict[str, Any]) -> Any:
-    import openai
-
-    response = httpx.Response(status, json=body, request=httpx.Request("POST", "http://x/v1/chat/completions"))
-    return openai.APIStatusError(str(body), response=response, body=body.get("error", body))
+def error_for(status: int, body: dict[str, Any]) -> EndpointStatusError:
+    return EndpointStatusError(httpx.Response(status, json=body, request=httpx.Request("POST", "http://x/v1/chat/completions")))
 
 
 @pytest.mark.parametrize(("body", "window"), [
