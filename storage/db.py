@@ -25,6 +25,8 @@ from sqlalchemy.exc import TimeoutError as ConnectionPoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
+from storage.pools import WaitSayingQueuePool
+
 Sessions: TypeAlias = sessionmaker[Session]
 """A process's session factory: what every storage function is handed."""
 
@@ -173,10 +175,12 @@ def make_engine(url: str, **options: Any) -> Engine:
                         "factory": SerialisedWriterConnection}
         if parsed.database in (None, "", ":memory:"):
             options.setdefault("poolclass", StaticPool)
+        options.setdefault("poolclass", WaitSayingQueuePool)
         engine = create_engine(url, connect_args=connect_args, **options)
         event.listen(engine, "connect", _tune_sqlite)
         return engine
     options.setdefault("pool_pre_ping", True)
+    options.setdefault("poolclass", WaitSayingQueuePool)
     return create_engine(url, **options)
 
 

@@ -6,12 +6,16 @@ import atexit
 import fcntl
 import os
 import threading
+import time
 from contextlib import contextmanager
 from collections.abc import Iterator
+from typing import Any
 
 import redis
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
+
+from storage.pools import PoolWaits
 
 EMBEDDED_DB_FILE = "redis.db"
 HOLDER_PREFIX = "deepthread-holder-"
@@ -165,6 +169,27 @@ def connections_for(concurrency: int) -> int:
     return concurrency + 16
 
 
+class WaitSayingRedisPool(redis.BlockingConnectionPool):
+    """redis-py's blocking pool (`max_connections`, `timeout` to wait), saying when callers wait."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.waits = PoolWaits("Redis")
+
+    def get_connection(self, *args: Any, **options: Any) -> Any:
+        full = self.pool.empty()
+        started = time.monotonic()
+        try:
+            connection = super().get_connection(*args, **options)
+        except redis.ConnectionError:
+            if full and time.monotonic() - started >= (self.timeout or 0):
+                self.waits.gave_up(time.monotonic() - started, self.max_connections)
+            raise
+        if full:
+            self.waits.waited(time.monotonic() - started, self.max_connections)
+        return connection
+
+
 def connect(redis_url: str, *, fail_fast: bool = False, socket_timeout: float = SOCKET_TIMEOUT_SECONDS,
             max_connections: int = DEFAULT_MAX_CONNECTIONS) -> redis.Redis:
     """A client for `redis_url` (redis://, rediss:// or unix://) that gives up after `socket_timeout` seconds.
@@ -179,6 +204,6 @@ def connect(redis_url: str, *, fail_fast: bool = False, socket_timeout: float = 
         retry, options = Retry(NoBackoff(), 0), client_options(socket_timeout=1.0, connect_timeout=1.0)
     else:
         retry, options = Retry(ExponentialBackoff(cap=0.5, base=0.05), 1), client_options(socket_timeout=socket_timeout)
-    pool = redis.BlockingConnectionPool.from_url(redis_url, decode_responses=False, retry=retry,
+    pool = WaitSayingRedisPool.from_url(redis_url, decode_responses=False, retry=retry,
                                                  max_connections=max_connections, timeout=POOL_WAIT_SECONDS, **options)
     return redis.Redis.from_pool(pool)  # the client owns its pool: closing it closes the connections

@@ -11,8 +11,9 @@ import asyncio
 import functools
 import logging
 import threading
+import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Literal, cast, overload
+from typing import Any, Literal, cast, overload
 
 import redis
 import redis.asyncio
@@ -22,6 +23,7 @@ from redis.backoff import ExponentialBackoff
 from redis.driver_info import DriverInfo
 from redis.retry import Retry
 
+from storage.pools import PoolWaits
 from storage.redis import DEFAULT_MAX_CONNECTIONS, POOL_WAIT_SECONDS, SOCKET_TIMEOUT_SECONDS, client_options
 
 logger = logging.getLogger(__name__)
@@ -130,12 +132,33 @@ def _driver_info() -> DriverInfo:
     return DriverInfo()
 
 
+class WaitSayingAsyncRedisPool(redis.asyncio.BlockingConnectionPool):
+    """redis-py's asyncio blocking pool (`max_connections`, `timeout` to wait), saying when callers wait."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.waits = PoolWaits("Redis")
+
+    async def get_connection(self, *args: Any, **options: Any) -> Any:
+        full = not self.can_get_connection()
+        started = time.monotonic()
+        try:
+            connection = await super().get_connection(*args, **options)
+        except redis.ConnectionError:
+            if full and time.monotonic() - started >= (self.timeout or 0):
+                self.waits.gave_up(time.monotonic() - started, self.max_connections)
+            raise
+        if full:
+            self.waits.waited(time.monotonic() - started, self.max_connections)
+        return connection
+
+
 def connect_async(redis_url: str, *, max_connections: int = DEFAULT_MAX_CONNECTIONS,
                   socket_timeout: float = SOCKET_TIMEOUT_SECONDS) -> redis.asyncio.Redis:
     """An asyncio client for `redis_url` (redis://, rediss:// or unix://) with at most `max_connections`
     connections, giving up on a silent server after `socket_timeout` seconds; a call finding every connection
     busy waits for one (up to POOL_WAIT_SECONDS) instead of failing."""
-    pool = redis.asyncio.BlockingConnectionPool.from_url(
+    pool = WaitSayingAsyncRedisPool.from_url(
         redis_url, decode_responses=False, max_connections=max_connections, timeout=POOL_WAIT_SECONDS,
         retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 1), driver_info=_driver_info(),
         **client_options(socket_timeout=socket_timeout))
