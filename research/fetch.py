@@ -2,8 +2,9 @@
 
 Each hop (at most `max_redirects` redirects, followed by hand) is checked the same way: scheme
 http/https, no userinfo, the host normalised like a browser would, resolved once through the injected
-resolver, every address checked against `research.netguard`, then the request is sent to the checked
-IP with the original Host header and TLS SNI, so a second DNS answer (rebinding) is never used.
+resolver, every address checked against `research.netguard`, port 80 or 443 unless the host is allowed
+although private (`allow_private`), then the request is sent to the checked IP with the original Host
+header and TLS SNI, so a second DNS answer (rebinding) is never used.
 Connections are pooled per host name, checked address and port (`HostPinnedTransport`), so a TLS
 connection whose certificate was checked for one name never carries a request for another name on
 the same address. A hop to a blocked domain (`blocked_domains`, subdomains included, hosts compared
@@ -35,11 +36,13 @@ from research.errors import DeepthreadError
 from research.models import FetchResult, FetchStatus
 from research.providers.base import parse_retry_after
 from research.netguard import (
+    DEFAULT_PORTS,
     AllowList,
     IPAddress,
     MalformedHostError,
     Resolver,
     ResolutionError,
+    forbidden_port_reason,
     forbidden_reason,
     ip_literal,
     is_localhost_name,
@@ -55,7 +58,6 @@ MIB = 1024 * 1024
 DEFAULT_USER_AGENT = "deepthread/0.1 (research bot; +https://github.com/deepthread/deepthread)"
 ACCEPTED_CONTENT_TYPES = frozenset({"text/html", "application/xhtml+xml", "text/plain", "application/pdf"})
 ACCEPT_HEADER = "text/html,application/xhtml+xml,text/plain;q=0.9,application/pdf;q=0.8"
-DEFAULT_PORTS = {"http": 80, "https": 443}
 SNIFF_BYTES = 512
 # A 429 without a Retry-After still earns the host a short pause before the page is asked again.
 DEFAULT_TOO_MANY_REQUESTS_WAIT_SECONDS = 1.0
@@ -665,11 +667,11 @@ class SafeFetcher:
             raise FetchStopped("refused", "invalid port in URL") from error
         if domain_matches(host, self.config.blocked_domains):
             raise FetchStopped("refused", f"blocked domain {host}")
-        address = await self._checked_address(host)
+        address = await self._checked_address(host, port)
         path_and_query = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         return Target(url=url, scheme=scheme, host=host, port=port, address=address, path_and_query=path_and_query)
 
-    async def _checked_address(self, host: str) -> str:
+    async def _checked_address(self, host: str, port: int) -> str:
         allow_list = self.config.allow_private
         literal = ip_literal(host)
         if literal is not None:
@@ -683,6 +685,10 @@ class SafeFetcher:
             if reason is not None and not allow_list.allows(host, address):
                 suffix = "" if literal is not None else f" (resolved from {host})"
                 raise FetchStopped("refused", reason + suffix)
+        # A host allowed although private (the operator's own service, a test's fake) keeps any port.
+        port_reason = forbidden_port_reason(port)
+        if port_reason is not None and not all(allow_list.allows(host, address) for address in addresses):
+            raise FetchStopped("refused", f"{port_reason} on {host}")
         return str(addresses[0])
 
     async def _resolved_addresses(self, host: str) -> list[IPAddress]:

@@ -1,4 +1,5 @@
-"""Network guard for the fetcher: host normalisation, address classification, the private-host allow list and resolvers."""
+"""Network guard for the fetcher: host normalisation, address and port classification, the private-host allow list,
+origins and resolvers."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import ipaddress
 import re
 import socket
 from typing import Protocol, runtime_checkable
+from urllib.parse import urlsplit
 
 import idna
 from pydantic import BaseModel, ConfigDict
@@ -18,6 +20,9 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 SHARED_ADDRESS_SPACE = ipaddress.IPv4Network("100.64.0.0/10")
 NAT64_WELL_KNOWN_PREFIX = ipaddress.IPv6Network("64:ff9b::/96")
+DEFAULT_PORTS = {"http": 80, "https": 443}
+# Web pages live on these; a public host's other ports (SMTP 25, Redis 6379, ...) are services, not pages.
+WEB_PORTS = frozenset({80, 443})
 
 _DECIMAL_PART = re.compile(r"[0-9]+")
 _HEX_PART = re.compile(r"0[xX][0-9a-fA-F]*")
@@ -239,6 +244,31 @@ def forbidden_reason(address: IPAddress) -> str | None:
         return _ipv6_reason(address)
     kind = _ipv4_kind(address)
     return None if kind is None else f"{kind} {address}"
+
+
+def forbidden_port_reason(port: int) -> str | None:
+    """Return why the fetcher must not connect to `port` of a public host (e.g. "port 6379 not allowed"), or None."""
+    return None if port in WEB_PORTS else f"port {port} not allowed (only 80 and 443)"
+
+
+def url_origin(url: str) -> tuple[str, str, int] | None:
+    """The scheme, normalised host and port of an http(s) URL, or None when it has no such origin."""
+    parts = urlsplit(url.strip())
+    scheme = parts.scheme.lower()
+    if scheme not in DEFAULT_PORTS or not parts.hostname:
+        return None
+    try:
+        return scheme, normalise_host(parts.hostname), parts.port or DEFAULT_PORTS[scheme]
+    except ValueError:  # a malformed host (MalformedHostError) or port
+        return None
+
+
+def same_origin(checked_url: str, other_url: str) -> bool:
+    """Whether `other_url` is on `checked_url`'s origin; an upgrade from http to https of the same host counts as it."""
+    checked, other = url_origin(checked_url), url_origin(other_url)
+    if checked is None or other is None:
+        return False
+    return checked == other or (checked == ("http", other[1], 80) and other == ("https", checked[1], 443))
 
 
 class AllowList(BaseModel):

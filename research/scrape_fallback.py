@@ -1,10 +1,16 @@
 """Pages the safe fetcher could not read usefully, read through Firecrawl instead, never past the fetcher's checks.
 
-`FallbackFetcher` wraps a run's SafeFetcher. A page that failed with a bot wall (HTTP 403 or 429) or a timeout,
-or an HTML page that is only a JavaScript shell, is sent to Firecrawl's scrape endpoint; a search result that
-already carries its text (Firecrawl search's Markdown) is read from that text. Either way the URL first passes
-the fetcher's own checks (scheme, resolved addresses, blocked domains, robots.txt): what the fetcher would refuse
-is never sent to Firecrawl. A scrape counts as a provider call and its Markdown is charged to the run's byte budget.
+`FallbackFetcher` wraps a run's SafeFetcher. A page that failed with a bot wall (HTTP 403 or 429), or an HTML page
+that is only a JavaScript shell, is sent to Firecrawl's scrape endpoint; a search result that already carries its
+text (Firecrawl search's Markdown) is read from that text. Either way the URL first passes the fetcher's own checks
+(scheme, port, resolved addresses, blocked domains, robots.txt): what the fetcher would refuse is never sent to
+Firecrawl. A timeout is not a reason to scrape: the page's server stalls at will, and would choose Firecrawl so.
+
+Firecrawl is an untrusted proxy: it follows redirects and the page's scripts, and resolves names again. A scrape is
+read only when every URL Firecrawl reports for it (where the page ended, first) passes the same checks and stays on
+the checked origin; otherwise the page is refused, as unreadable. What Firecrawl's own DNS answers cannot be seen from
+here, which is why a self-hosted Firecrawl must have no route to private networks. A scrape counts as a provider call
+and its Markdown is charged to the run's byte budget.
 """
 
 from __future__ import annotations
@@ -18,8 +24,9 @@ from research.cpu import run_cpu
 from research.events import Emit, ProviderCall, ProviderError, ProviderResult
 from research.fetch import FetchBudget, FetchConfig, SafeFetcher, media_type_of
 from research.models import FetchResult
+from research.netguard import same_origin
 from research.providers import SearchProviderError
-from research.providers.firecrawl import FirecrawlScraper
+from research.providers.firecrawl import FirecrawlScraper, ScrapedPage
 from research.robots import RobotsCache
 from research.sources import SourceRegistry
 
@@ -34,13 +41,10 @@ _SPACE = re.compile(rb"\s+")
 
 
 def worth_scraping(result: FetchResult) -> bool:
-    """Whether a failed fetch is one a browser may get past: a bot wall's 403 or 429, or a timeout."""
+    """Whether a failed fetch is one a browser may get past: a bot wall's 403 or 429 (never a timeout)."""
     if result.status != "failed":
         return False  # refused (safety), skipped (robots.txt, budget) and ok pages are never sent
-    if result.http_status in BOT_WALL_STATUSES:
-        return True
-    reason = result.reason or ""
-    return result.http_status is None and reason.startswith(("timed out", "network timeout"))
+    return result.http_status in BOT_WALL_STATUSES
 
 
 def is_script_shell(url: str, body: bytes, content_type: str | None) -> bool:
@@ -123,7 +127,7 @@ class FallbackFetcher:
         """`result`'s page read through Firecrawl, or `result` itself (its reason extended) when that cannot be done."""
         assert self._scraper is not None
         target = result.final_url or result.url
-        # The fetcher checked this URL before it failed; checking again covers a timeout before its checks ended.
+        # The fetcher checked this URL before it failed; checking again keeps Firecrawl behind the same rules.
         if not self._may_call() or self.budget.exhausted or await self._fetcher.refusal(target) is not None:
             return result
         why = "no main text" if result.ok else f"HTTP {result.http_status}" if result.http_status else (result.reason or "")
@@ -140,6 +144,11 @@ class FallbackFetcher:
             # A shell is still read as it is; a failed page keeps its failure, with Firecrawl's reason added.
             return result if result.ok else result.model_copy(update={"reason": f"{why}; Firecrawl: {error.reason}"})
         seconds = time.monotonic() - started
+        refused = await self._refused_scrape(target, page)
+        if refused is not None:
+            await self._emit(ProviderError(phase="fetch", provider=self._scraper.name, query=target, reason=refused))
+            return FetchResult(url=result.url, status="refused", reason=f"{why}; Firecrawl's page {refused}",
+                               http_status=result.http_status, seconds=round(result.seconds + seconds, 3))
         await self._emit(ProviderResult(phase="fetch", provider=self._scraper.name, query=target, results=1,
                                         seconds=round(seconds, 3)))
         return self._charged(FetchResult(
@@ -147,6 +156,17 @@ class FallbackFetcher:
             http_status=page.status_code, content_type=MARKDOWN_CONTENT_TYPE, body=page.markdown.encode(),
             seconds=round(result.seconds + seconds, 3),
         ))
+
+    async def _refused_scrape(self, target: str, page: ScrapedPage) -> str | None:
+        """Why a scrape of `target` must not be read (where Firecrawl says the page went), or None when it may be."""
+        for reported in page.reported_urls:
+            refusal = await self._fetcher.refusal(reported)
+            if refusal is not None:
+                return f"ended at {reported}, refused: {refusal.reason}"
+            # Firecrawl cannot be told not to follow redirects; this is what keeps it on the checked origin.
+            if not same_origin(target, reported):
+                return f"ended at {reported}, off {target}'s origin"
+        return None
 
     def _charged(self, result: FetchResult) -> FetchResult:
         """`result` with its text charged to the run's byte budget, or skipped when the budget cannot cover it."""

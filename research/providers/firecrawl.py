@@ -4,6 +4,11 @@ firecrawl-py is not used: it builds its own httpx client (and retries on its own
 caller's client, its limits and the wire fakes. Every call, searches and scrapes alike, waits for a slot in one
 concurrency gate per Firecrawl endpoint and event loop: Firecrawl's plans limit concurrent requests, and past the
 limit it answers 429 or empty pages.
+
+Firecrawl is an untrusted proxy: it follows redirects, runs the page's scripts and resolves names itself. So it is
+asked for no page actions, headers or waits, and frames are left out of its Markdown (a frame's page can be anywhere,
+and Firecrawl never says where); every page keeps the URLs Firecrawl reports for it (`ScrapedPage.reported_urls`),
+and a search hit's Markdown is kept only when Firecrawl's page stayed on the hit's own origin.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import httpx
 from pydantic import BaseModel
 
 from research.models import ProviderName, SearchQuery, SearchResult
+from research.netguard import same_origin
 from research.providers.base import (
     DEFAULT_FIRECRAWL_BASE_URL,
     SearchProviderError,
@@ -36,6 +42,8 @@ FIRECRAWL_MAX_LIMIT = 100
 TIME_FILTERS = {"day": "qdr:d", "week": "qdr:w", "month": "qdr:m", "year": "qdr:y"}
 # Firecrawl refuses a scrape timeout under one second.
 MIN_SCRAPE_TIMEOUT_MS = 1000
+# What every page is asked for: its main content as Markdown, without the frames Firecrawl would inline.
+PAGE_OPTIONS: dict[str, Any] = {"formats": ["markdown"], "onlyMainContent": True, "excludeTags": ["iframe"]}
 
 _gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Semaphore]] = weakref.WeakKeyDictionary()
 
@@ -55,6 +63,31 @@ def _payload_data(provider: str, payload: Any) -> Any:
     if "data" not in payload:
         raise SearchProviderError(provider, "malformed", "no 'data' in the reply")
     return payload["data"]
+
+
+def _reported_urls(document: dict[str, Any], metadata: dict[str, Any]) -> tuple[str, ...] | None:
+    """Every URL a Firecrawl document names for its page, where the page ended first; None when it does not say where
+    the page ended or names one that is not text."""
+    # `metadata.url` is where Firecrawl ended up (after redirects and the page's own navigation); the document's `url`
+    # and `metadata.sourceURL` say where it started. `metadata.ogUrl` is only what the page claims about itself.
+    final = metadata.get("url")
+    if not isinstance(final, str) or not final.strip():
+        return None
+    urls = [final.strip()]
+    for value in (document.get("url"), metadata.get("sourceURL")):
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            return None
+        if value.strip() and value.strip() not in urls:
+            urls.append(value.strip())
+    return tuple(urls)
+
+
+def _stayed_on(url: Any, document: dict[str, Any], metadata: dict[str, Any]) -> bool:
+    """Whether every URL Firecrawl reports for a search hit's page is on the hit's own origin."""
+    urls = _reported_urls(document, metadata)
+    return isinstance(url, str) and urls is not None and all(same_origin(url, reported) for reported in urls)
 
 
 def _origin_status(metadata: Any) -> int | None:
@@ -114,7 +147,7 @@ class FirecrawlProvider(_FirecrawlEndpoint):
             "query": query.text,
             "limit": min(query.max_results, FIRECRAWL_MAX_LIMIT),
             "sources": ["web"],
-            "scrapeOptions": {"formats": ["markdown"], "onlyMainContent": True},
+            "scrapeOptions": dict(PAGE_OPTIONS),
             "timeout": int(self._timeout_seconds * 1000),
         }
         # Firecrawl takes one of the two lists; blocked domains are filtered from the results anyway.
@@ -141,11 +174,14 @@ class FirecrawlProvider(_FirecrawlEndpoint):
             if not isinstance(metadata, dict):
                 metadata = {}
             origin_status = _origin_status(metadata)
-            # A page that answered Firecrawl with an error gives an error page's Markdown: not the page's text.
-            content = hit.get("markdown") if origin_status is None or origin_status < 400 else None
+            url = hit.get("url") or metadata.get("sourceURL") or metadata.get("url")
+            # A page that answered Firecrawl with an error gives an error page's Markdown: not the page's text; nor is
+            # a page Firecrawl was led to off the hit's origin (the fetcher reads that hit itself, under its checks).
+            content = (hit.get("markdown") if (origin_status is None or origin_status < 400)
+                       and _stayed_on(url, hit, metadata) else None)
             result = build_result(
                 self.name,
-                url=hit.get("url") or metadata.get("sourceURL") or metadata.get("url"),
+                url=url,
                 title=hit.get("title") or metadata.get("title"),
                 snippet=hit.get("description") or metadata.get("description"),
                 published=metadata.get("publishedTime"),
@@ -157,10 +193,12 @@ class FirecrawlProvider(_FirecrawlEndpoint):
 
 
 class ScrapedPage(BaseModel):
-    """One page as Firecrawl's scrape returned it: its main content as Markdown."""
+    """One page as Firecrawl's scrape returned it: its main content as Markdown, and the URLs Firecrawl reports for it."""
 
     url: str
     markdown: str
+    # Where Firecrawl says the page ended (first) and started; never empty.
+    reported_urls: tuple[str, ...]
     title: str | None = None
     status_code: int | None = None
 
@@ -195,7 +233,10 @@ class FirecrawlScraper(_FirecrawlEndpoint):
     def build_request(self, url: str, *, timeout_seconds: float) -> httpx.Request:
         """The HTTP request that scrapes `url`, asking Firecrawl to give up within `timeout_seconds`."""
         timeout_ms = max(MIN_SCRAPE_TIMEOUT_MS, int(timeout_seconds * 1000))
-        body = {"url": url, "formats": ["markdown"], "onlyMainContent": True, "timeout": timeout_ms}
+        # No `actions`, `headers` or `waitFor`. Firecrawl's scrape has no option to stop redirects (or the page's own
+        # navigation): the check of the final URL it reports (research.scrape_fallback) is what keeps a scrape on the
+        # checked origin.
+        body = {"url": url, **PAGE_OPTIONS, "timeout": timeout_ms}
         # Our own wait is a little longer than Firecrawl's, so its timeout error arrives rather than ours.
         return self._post("/v2/scrape", body, timeout=timeout_ms / 1000 + 5)
 
@@ -240,6 +281,9 @@ class FirecrawlScraper(_FirecrawlEndpoint):
         markdown = data.get("markdown")
         if not isinstance(markdown, str) or not markdown.strip():
             raise SearchProviderError(self.name, "empty", "no Markdown in the reply")
+        urls = _reported_urls(data, metadata)
+        if urls is None:
+            raise SearchProviderError(self.name, "malformed", "the reply does not say where the page ended")
         title = metadata.get("title")
-        return ScrapedPage(url=url, markdown=markdown, title=title if isinstance(title, str) and title.strip() else None,
-                           status_code=origin_status)
+        return ScrapedPage(url=url, markdown=markdown, reported_urls=urls,
+                           title=title if isinstance(title, str) and title.strip() else None, status_code=origin_status)

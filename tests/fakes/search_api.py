@@ -5,6 +5,7 @@ serves all five and `base_url(provider)` is what you configure as that provider'
 endpoint is scripted and logged apart from its search, as the provider `firecrawl-scrape`:
 
     api.set_scraped_pages({"https://a.org/x": "# X\n\nThe page's text."})
+    api.set_scrape_endings({"https://a.org/x": "http://169.254.169.254/latest/"})  # where Firecrawl says it ended
     api.set_failure("firecrawl-scrape", status=429, headers={"Retry-After": "2"})
     api.scraped_urls()  # every URL Firecrawl was asked to scrape Use it in-process through
 `transport()` (an httpx ASGI transport: no sockets) or on 127.0.0.1 through `start()`:
@@ -198,20 +199,22 @@ def firecrawl_search_body(hits: list[dict[str, Any]], request: dict[str, Any]) -
         if scraped and hit.get("markdown") is not None:
             result["markdown"] = hit["markdown"]
             result["metadata"] = {"title": hit.get("title"), "description": hit.get("snippet", ""),
-                                  "sourceURL": hit.get("url"), "url": hit.get("url"),
+                                  "sourceURL": hit.get("url"), "url": hit.get("final_url", hit.get("url")),
                                   "statusCode": hit.get("status_code", 200), "contentType": "text/html",
                                   **({"publishedTime": hit["published"]} if hit.get("published") else {})}
         web.append(result)
     return {"success": True, "data": {"web": web}, "creditsUsed": 1 + len(web) * scraped, "id": str(uuid.uuid4())}
 
 
-def firecrawl_scrape_body(url: str, markdown: str, *, title: str | None = None, status_code: int = 200) -> dict[str, Any]:
-    """A Firecrawl `/v2/scrape` reply with the page's Markdown and metadata."""
+def firecrawl_scrape_body(url: str, markdown: str, *, title: str | None = None, status_code: int = 200,
+                          final_url: str | None = None) -> dict[str, Any]:
+    """A Firecrawl `/v2/scrape` reply with the page's Markdown and metadata: `sourceURL` is the URL asked for, `url`
+    where the page ended (`final_url`, as after a redirect; the URL asked for unless given)."""
     return {
         "success": True,
         "data": {
             "markdown": markdown,
-            "metadata": {"title": title or url, "sourceURL": url, "url": url, "statusCode": status_code,
+            "metadata": {"title": title or url, "sourceURL": url, "url": final_url or url, "statusCode": status_code,
                          "contentType": "text/html; charset=utf-8", "proxyUsed": "basic", "creditsUsed": 1,
                          "scrapeId": str(uuid.uuid4())},
         },
@@ -251,6 +254,8 @@ class FakeSearchAPI(LoopbackFake):
         self._logs = {endpoint: RequestLog() for endpoint in ENDPOINTS}
         # URL -> Markdown that Firecrawl's scrape returns; other URLs answer as a page that is not there.
         self.scraped_pages: dict[str, str] = {}
+        # URL -> where Firecrawl's scrape says that page ended (a redirect or the page's script led it there).
+        self.scrape_endings: dict[str, str] = {}
         self._lock = threading.Lock()
         self.app = Starlette(routes=[
             Route("/tavily/search", _timed(self._tavily), methods=["POST"]),
@@ -323,6 +328,7 @@ class FakeSearchAPI(LoopbackFake):
                 self._scripts[endpoint].clear()
                 self._logs[endpoint].clear()
             self.scraped_pages.clear()
+            self.scrape_endings.clear()
             self._results_by_provider.clear()
             self._latency_by_provider.clear()
 
@@ -338,6 +344,10 @@ class FakeSearchAPI(LoopbackFake):
     def set_scraped_pages(self, pages: dict[str, str]) -> None:
         """Make Firecrawl's scrape return this Markdown for these URLs."""
         self.scraped_pages.update(pages)
+
+    def set_scrape_endings(self, endings: dict[str, str]) -> None:
+        """Make Firecrawl's scrape of these URLs report the given URL as where the page ended (`metadata.url`)."""
+        self.scrape_endings.update(endings)
 
     def scraped_urls(self) -> list[str]:
         """Every URL Firecrawl's scrape was asked for, oldest first."""
@@ -459,4 +469,4 @@ class FakeSearchAPI(LoopbackFake):
         url = str(json.loads(body or b"{}").get("url", ""))
         if url not in self.scraped_pages:
             return self._render(200, firecrawl_scrape_body(url, "# Not Found", title="Not Found", status_code=404))
-        return self._render(200, firecrawl_scrape_body(url, self.scraped_pages[url]))
+        return self._render(200, firecrawl_scrape_body(url, self.scraped_pages[url], final_url=self.scrape_endings.get(url)))

@@ -1,7 +1,7 @@
 """The engine with Firecrawl as its search provider and scrape fallback, all on loopback fakes: a page behind a bot
 wall (403) and a JavaScript shell are read through Firecrawl and cited; a private address, a loopback literal and a
-robots.txt-disallowed page are never sent to Firecrawl, and Markdown that Firecrawl's search sent for a private
-address is never read."""
+robots.txt-disallowed page are never sent to Firecrawl, Markdown that Firecrawl's search sent for a private
+address is never read, and a bot wall that led Firecrawl to the cloud metadata address is reported unread."""
 
 from __future__ import annotations
 
@@ -32,6 +32,9 @@ PROVIDED_FACT = "Firecrawl search found that the Zorblax tidal turbines delivere
 OPEN_FACT = "The open Zorblax tidal turbines page lists 4,141 kilowatt hours for the Zorblax turbines."
 STALE_TEXT = "A stale Zorblax tidal turbines page that claims 1,001 kilowatt hours for the Zorblax turbines."
 PRIVATE_TEXT = "Internal Zorblax tidal turbines memo: 9,999 kilowatt hours, do not publish."
+METADATA_URL = "http://169.254.169.254/latest/meta-data/iam/security-credentials/deepthread"
+CREDENTIALS = ('Zorblax tidal turbines {"AccessKeyId": "ASIAZORBLAXFAKE", '
+               '"SecretAccessKey": "zorblax-fake-secret-8,888"} kilowatt hours')
 SHELL_HTML = ('<!doctype html><html><head><title>Dashboard</title><script src="/bundle.js"></script></head>'
               '<body><div id="root"></div><noscript>Enable JavaScript to see the Zorblax dashboard.</noscript></body></html>')
 
@@ -52,6 +55,8 @@ class World:
             "Zorblax tidal turbines", [OPEN_FACT, "The Zorblax turbines were inspected by engineers every month, and "
                                        "the moorings, cables and monitoring equipment were all checked each time."])))
         self.disallowed = self.web.add("http://robots.example/zorblax", Page("<html>denied</html>", status=403))
+        # A 403 that chooses the fallback, then redirects Firecrawl to the cloud metadata service.
+        self.bait = self.web.add("http://bait.example/zorblax", Page("<html><body>Forbidden</body></html>", status=403))
         self.web.set_robots("robots.example", "User-agent: *\nDisallow: /zorblax\n")
         # Served too, so that a fetch (which must not happen) would read this page's own, different text.
         self.provided = self.web.add("http://provided.example/zorblax", Page(article_html("Stale", [STALE_TEXT])))
@@ -64,6 +69,7 @@ class World:
             {"url": self.private, "title": "Intranet Zorblax", "snippet": "intranet"},
             {"url": self.loopback, "title": "Loopback Zorblax", "snippet": "loopback"},
             {"url": self.disallowed, "title": "Robots Zorblax", "snippet": "robots"},
+            {"url": self.bait, "title": "Bait Zorblax", "snippet": "bait"},
             {"url": self.provided, "title": "Provided Zorblax", "snippet": "provided", "markdown": markdown(PROVIDED_FACT)},
             {"url": self.private_with_text, "title": "Intranet memo", "snippet": "memo", "markdown": PRIVATE_TEXT},
             {"url": self.open, "title": "Open Zorblax", "snippet": "open"},
@@ -71,7 +77,8 @@ class World:
         self.firecrawl = FakeSearchAPI(results_for=lambda provider, query: hits)
         self.firecrawl.set_scraped_pages({self.walled: markdown(WALLED_FACT), self.shell: markdown(SHELL_FACT),
                                           self.private: PRIVATE_TEXT, self.loopback: PRIVATE_TEXT,
-                                          self.disallowed: PRIVATE_TEXT})
+                                          self.disallowed: PRIVATE_TEXT, self.bait: CREDENTIALS})
+        self.firecrawl.set_scrape_endings({self.bait: METADATA_URL})
         self.llm = FakeLLM(default_research_model)
 
     def __enter__(self) -> "World":
@@ -125,15 +132,21 @@ def test_pages_the_fetcher_cannot_read_are_cited_from_firecrawl_and_unsafe_urls_
     assert all(number in cited_text for number in ("7,717", "6,161", "5,353", "4,141"))
 
     scraped = world.firecrawl.scraped_urls()
-    assert sorted(scraped) == sorted([world.walled, world.shell])
+    assert sorted(scraped) == sorted([world.walled, world.shell, world.bait])
     for never in (world.private, world.loopback, world.disallowed, world.private_with_text, world.provided):
         assert never not in scraped
     assert "9,999" not in " ".join(passage.text for passage in state.passages), "no private text was read"
     by_url = {source.url: source_id for source_id, source in state.sources.items()}
     assert state.fetches[by_url[world.private_with_text]].status == "refused"
     assert state.fetches[by_url[world.disallowed]].status == "skipped"
+    bait = state.fetches[by_url[world.bait]]
+    assert (bait.status, bait.body) == ("refused", b""), "a scrape that ended at the metadata address is not read"
+    assert "link-local address 169.254.169.254" in (bait.reason or "")
+    assert any(event.type == "warning" and event.message.startswith(f"Skipped {world.bait}: ") for event in events), \
+        "the page is reported as not read"
+    assert "8,888" not in " ".join(passage.text for passage in state.passages), "no credentials were read"
     assert world.web.requests_to("provided.example", "/zorblax") == [], "text Firecrawl's search sent is not fetched again"
     assert "1,001" not in cited_text
 
     searches = len(world.firecrawl.requests("firecrawl"))
-    assert report.usage.search_calls["firecrawl"] == searches + 2, "each scrape counts as a provider call"
+    assert report.usage.search_calls["firecrawl"] == searches + 3, "each scrape counts as a provider call"

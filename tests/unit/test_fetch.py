@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import tracemalloc
 from collections.abc import AsyncIterator, Iterator
 
@@ -418,6 +419,85 @@ async def test_cookies_are_neither_kept_nor_sent() -> None:
         await fetcher.fetch("http://shop.example/b")
 
     assert seen_cookies == [None, None]
+
+
+# -- ports: 80 and 443 on public hosts, any port on a host allowed although private -------------------------------------
+
+PUBLIC_NAMES = {"public.example": ["93.184.216.34"], "bouncer.example": ["93.184.216.35"]}
+
+
+class PublicSite:
+    """A public site in process: records each request (by the Host header and path it was sent with) and answers
+    it, `bouncer.example` with a redirect to `public.example` on port 6379."""
+
+    def __init__(self) -> None:
+        self.requested: list[str] = []
+
+    def transport(self) -> httpx.MockTransport:
+        return httpx.MockTransport(self.answer)
+
+    def answer(self, request: httpx.Request) -> httpx.Response:
+        self.requested.append(f"{request.headers['host']}{request.url.path}")
+        if request.headers["host"] == "bouncer.example":
+            return httpx.Response(302, headers={"location": "http://public.example:6379/"})
+        return httpx.Response(200, headers={"content-type": "text/plain"}, content=b"public page")
+
+    def fetcher(self, client: httpx.AsyncClient, config: FetchConfig) -> SafeFetcher:
+        return SafeFetcher(client, DictResolver(PUBLIC_NAMES), config)
+
+
+@pytest.mark.parametrize("url", ["http://public.example:6379/", "http://public.example:25/", "https://public.example:8443/",
+                                 "http://93.184.216.34:6379/"])
+async def test_a_public_host_is_refused_on_a_port_other_than_80_and_443(url: str) -> None:
+    site = PublicSite()
+    config = FetchConfig(respect_robots=False)
+    async with build_fetch_client(config, transport=site.transport()) as client:
+        result = await site.fetcher(client, config).fetch(url)
+
+    assert result.status == "refused"
+    assert result.reason is not None and result.reason.startswith(f"port {url.rsplit(':', 1)[1].rstrip('/')} not allowed")
+    assert site.requested == [], "nothing was sent"
+
+
+async def test_a_redirect_to_another_port_of_a_public_host_is_refused() -> None:
+    site = PublicSite()
+    config = FetchConfig(respect_robots=False)
+    async with build_fetch_client(config, transport=site.transport()) as client:
+        result = await site.fetcher(client, config).fetch("http://bouncer.example/")
+
+    assert (result.status, result.reason) == (
+        "refused", "port 6379 not allowed (only 80 and 443) on public.example (after redirect to http://public.example:6379/)")
+    assert site.requested == ["bouncer.example/"]
+
+
+@pytest.mark.parametrize("url", ["http://public.example:80/a", "https://public.example:443/b", "https://public.example/c"])
+async def test_a_public_host_is_fetched_on_ports_80_and_443(url: str) -> None:
+    site = PublicSite()
+    config = FetchConfig(respect_robots=False)
+    async with build_fetch_client(config, transport=site.transport()) as client:
+        result = await site.fetcher(client, config).fetch(url)
+
+    assert result.status == "ok" and result.body == b"public page"
+
+
+async def test_a_host_allowed_although_private_is_fetched_on_any_port(web: FakeWeb, make_fetcher) -> None:
+    url = web.url("http://alpha.example/article")
+    assert not url.startswith("http://alpha.example:80/"), "the fake web listens on a random port"
+
+    by_name = await make_fetcher().fetch(url)
+    by_network = await make_fetcher(allow_private=AllowList(networks=(ipaddress.ip_network("127.0.0.0/8"),))).fetch(url)
+
+    assert (by_name.status, by_network.status) == ("ok", "ok")
+    assert b"6.8 metres" in by_name.body and b"6.8 metres" in by_network.body
+
+
+async def test_a_public_network_allowed_by_cidr_keeps_any_port() -> None:
+    site = PublicSite()
+    config = FetchConfig(respect_robots=False, allow_private=AllowList(networks=(ipaddress.ip_network("93.184.216.0/24"),)))
+    async with build_fetch_client(config, transport=site.transport()) as client:
+        result = await site.fetcher(client, config).fetch("http://public.example:6379/")
+
+    assert result.status == "ok" and site.requested == ["public.example:6379/"]
 
 
 def test_bounded_decoder_stops_a_bomb_after_one_byte_over_the_limit() -> None:

@@ -1,5 +1,6 @@
 """Firecrawl's scrape against the wire fake (retries, Retry-After within the page deadline, empty pages, the shared
-concurrency bound), and the fallback that decides which pages it may read: never one the safe fetcher refuses."""
+concurrency bound), and the fallback that decides which pages it may read: never one the safe fetcher refuses, never
+one Firecrawl says ended where the safe fetcher would not go, and never a page that merely timed out."""
 
 from __future__ import annotations
 
@@ -94,6 +95,29 @@ async def test_an_empty_page_is_asked_for_once_more(api: FakeSearchAPI, http: ht
     assert len(api.requests(FIRECRAWL_SCRAPE)) == 2
 
 
+async def test_a_scrape_asks_for_no_page_actions_and_leaves_frames_out(api: FakeSearchAPI, http: httpx.AsyncClient) -> None:
+    api.set_scraped_pages({PAGE_URL: MARKDOWN})
+    await scraper_for(api, http).scrape(PAGE_URL)
+    sent = json.loads(api.requests(FIRECRAWL_SCRAPE)[-1].body)
+    assert not {"actions", "headers", "waitFor"} & set(sent), "Firecrawl is asked to do nothing but read the page"
+    assert sent["excludeTags"] == ["iframe"], "a frame's page, whose URL Firecrawl never reports, is left out"
+
+
+async def test_a_scrape_keeps_where_firecrawl_says_the_page_ended(api: FakeSearchAPI, http: httpx.AsyncClient) -> None:
+    api.set_scraped_pages({PAGE_URL: MARKDOWN})
+    api.set_scrape_endings({PAGE_URL: "https://walled.example/article/"})
+    page = await scraper_for(api, http).scrape(PAGE_URL)
+    assert page.reported_urls == ("https://walled.example/article/", PAGE_URL), "where it ended first, then sourceURL"
+
+
+async def test_a_scrape_reply_that_does_not_say_where_the_page_ended_is_malformed(api: FakeSearchAPI, http: httpx.AsyncClient) -> None:
+    body = firecrawl_scrape_body(PAGE_URL, MARKDOWN)
+    del body["data"]["metadata"]["url"]
+    api.set_response(FIRECRAWL_SCRAPE, body=body, times=None)
+    error = await scrape_failure(scraper_for(api, http))
+    assert (error.kind, error.detail) == ("malformed", "the reply does not say where the page ended")
+
+
 async def test_a_page_empty_twice_is_an_empty_result(api: FakeSearchAPI, http: httpx.AsyncClient) -> None:
     api.set_response(FIRECRAWL_SCRAPE, body=firecrawl_scrape_body(PAGE_URL, "  \n"), times=None)
     error = await scrape_failure(scraper_for(api, http))
@@ -156,6 +180,21 @@ async def test_scrapes_and_searches_share_one_bound_on_calls_in_flight() -> None
     assert most_in_flight == 2
 
 
+async def test_search_markdown_of_a_page_firecrawl_was_led_off_the_hits_origin_is_not_kept(
+    api: FakeSearchAPI, http: httpx.AsyncClient,
+) -> None:
+    api.set_results("firecrawl", [
+        {"url": "https://a.org/x", "title": "X", "markdown": CREDENTIALS, "final_url": "http://169.254.169.254/latest/"},
+        {"url": "https://c.org/z", "title": "Z", "markdown": CREDENTIALS, "final_url": "https://elsewhere.example/z"},
+        {"url": "http://b.org/y", "title": "Y", "markdown": MARKDOWN, "final_url": "https://b.org/y"},
+    ])
+    provider = FirecrawlProvider(http, api_key="fc-fake-key", base_url=api.base_url("firecrawl"))
+    results = await provider.search(SearchQuery(text="q"))
+    assert [(result.url, result.content) for result in results] == [
+        ("https://a.org/x", None), ("https://c.org/z", None), ("http://b.org/y", MARKDOWN),
+    ], "only a page that stayed on its hit's origin (an upgrade to https included) keeps its text"
+
+
 def test_the_scraper_exists_only_when_firecrawl_has_a_key(http: httpx.AsyncClient) -> None:
     assert build_scraper(SearchConfig(), http=http) is None
     assert isinstance(build_scraper(SearchConfig(firecrawl_api_key="fc-key"), http=http), FirecrawlScraper)
@@ -169,8 +208,8 @@ def test_the_scraper_exists_only_when_firecrawl_has_a_key(http: httpx.AsyncClien
     [
         (FetchResult(url=PAGE_URL, status="failed", reason="HTTP 403", http_status=403), True),
         (FetchResult(url=PAGE_URL, status="failed", reason="HTTP 429", http_status=429), True),
-        (FetchResult(url=PAGE_URL, status="failed", reason="timed out after 10 s"), True),
-        (FetchResult(url=PAGE_URL, status="failed", reason="network timeout (ReadTimeout)"), True),
+        (FetchResult(url=PAGE_URL, status="failed", reason="timed out after 10 s"), False),
+        (FetchResult(url=PAGE_URL, status="failed", reason="network timeout (ReadTimeout)"), False),
         (FetchResult(url=PAGE_URL, status="failed", reason="HTTP 404", http_status=404), False),
         (FetchResult(url=PAGE_URL, status="failed", reason="could not resolve walled.example"), False),
         (FetchResult(url=PAGE_URL, status="refused", reason="private address 10.0.0.1 (resolved from walled.example)"), False),
@@ -179,7 +218,7 @@ def test_the_scraper_exists_only_when_firecrawl_has_a_key(http: httpx.AsyncClien
         (FetchResult(url=PAGE_URL, status="skipped", reason="fetch budget spent"), False),
     ],
 )
-def test_only_bot_walls_and_timeouts_are_worth_scraping(result: FetchResult, worth: bool) -> None:
+def test_only_bot_walls_are_worth_scraping_never_a_timeout(result: FetchResult, worth: bool) -> None:
     assert worth_scraping(result) is worth
 
 
@@ -196,8 +235,9 @@ class Fallback:
     """A FallbackFetcher wired to the fake web in process, the wire fake's Firecrawl, and recorders for its calls and
     events."""
 
-    def __init__(self, api: FakeSearchAPI, http: httpx.AsyncClient, site: FakeWeb, *, budget_bytes: int = 10_000_000,
-                 may_call: bool = True, robots: bool = False) -> None:
+    def __init__(self, api: FakeSearchAPI, http: httpx.AsyncClient, site: FakeWeb | httpx.AsyncBaseTransport, *,
+                 budget_bytes: int = 10_000_000, may_call: bool = True, robots: bool = False,
+                 clock: FakeClock | None = None) -> None:
         self.api = api
         self.calls: list[str] = []
         self.events: list[Any] = []
@@ -205,9 +245,11 @@ class Fallback:
         config = FetchConfig(respect_robots=robots, allow_private=AllowList(hosts=frozenset({"walled.example"})),
                              page_timeout_seconds=5)
         resolver = DictResolver({"walled.example": ["93.184.216.34"], "shell.example": ["93.184.216.35"],
-                                 "intranet.example": ["10.1.2.3"]})
+                                 "elsewhere.example": ["93.184.216.36"], "intranet.example": ["10.1.2.3"]})
         self.budget = FetchBudget(budget_bytes)
-        safe = SafeFetcher(build_fetch_client(config, transport=site.transport()), resolver, config, self.budget)
+        transport = site.transport() if isinstance(site, FakeWeb) else site
+        timing: dict[str, Any] = {"clock": clock, "sleep": clock.sleep} if clock is not None else {}
+        safe = SafeFetcher(build_fetch_client(config, transport=transport), resolver, config, self.budget, **timing)
         self.fetcher = FallbackFetcher(safe, scraper=scraper_for(api, http), registry=self.registry, emit=self._record,
                                        count_call=self.calls.append, may_call=lambda: may_call)
 
@@ -248,10 +290,100 @@ async def test_an_article_that_reads_fine_is_never_scraped(api: FakeSearchAPI, h
 
 
 @pytest.mark.parametrize("url", ["https://intranet.example/wiki", "http://127.0.0.1/admin", "http://[::1]/x",
-                                 "http://169.254.169.254/latest/meta-data/", "ftp://walled.example/file"])
+                                 "http://169.254.169.254/latest/meta-data/", "ftp://walled.example/file",
+                                 "http://shell.example:6379/"])
 async def test_urls_the_fetcher_refuses_for_safety_never_reach_firecrawl(url: str, api: FakeSearchAPI, http: httpx.AsyncClient) -> None:
     result = await Fallback(api, http, FakeWeb({})).fetcher.fetch(url)
     assert result.status == "refused"
+    assert api.scraped_urls() == []
+
+
+CREDENTIALS = '{"AccessKeyId": "ASIAFAKEKEY", "SecretAccessKey": "fake-secret-from-the-metadata-service"}'
+
+
+@pytest.mark.parametrize(("ended_at", "why"), [
+    ("http://169.254.169.254/latest/meta-data/iam/security-credentials/deepthread", "link-local address 169.254.169.254"),
+    ("http://10.0.0.5/admin", "private address 10.0.0.5"),
+    ("https://intranet.example/wiki", "private address 10.1.2.3 (resolved from intranet.example)"),
+    ("http://[::1]/", "loopback address ::1"),
+])
+async def test_a_scrape_that_firecrawl_says_ended_at_a_private_address_is_refused_as_unreadable(
+    ended_at: str, why: str, api: FakeSearchAPI, http: httpx.AsyncClient,
+) -> None:
+    api.set_scraped_pages({PAGE_URL: CREDENTIALS})
+    api.set_scrape_endings({PAGE_URL: ended_at})  # the walled page redirected Firecrawl there
+    fallback = Fallback(api, http, FakeWeb({PAGE_URL: forbidden()}))
+    result = await fallback.fetcher.fetch(PAGE_URL)
+    assert (result.status, result.body) == ("refused", b""), "the scrape's text is not read"
+    assert result.reason == f"HTTP 403; Firecrawl's page ended at {ended_at}, refused: {why}"
+    assert api.scraped_urls() == [PAGE_URL]
+    assert fallback.budget.spent < len(CREDENTIALS), "nothing of the scrape is charged as read"
+    assert any(isinstance(event, ProviderError) and why in event.reason for event in fallback.events)
+
+
+async def test_a_scrape_that_firecrawl_says_ended_on_another_port_of_a_public_host_is_refused(
+    api: FakeSearchAPI, http: httpx.AsyncClient,
+) -> None:
+    walled = "https://shell.example/walled"
+    api.set_scraped_pages({walled: CREDENTIALS})
+    api.set_scrape_endings({walled: "https://shell.example:6379/"})
+    result = await Fallback(api, http, FakeWeb({walled: forbidden()})).fetcher.fetch(walled)
+    assert (result.status, result.body) == ("refused", b"")
+    assert "port 6379 not allowed (only 80 and 443) on shell.example" in (result.reason or "")
+
+
+async def test_a_scrape_that_firecrawl_says_ended_on_another_public_origin_is_refused(
+    api: FakeSearchAPI, http: httpx.AsyncClient,
+) -> None:
+    api.set_scraped_pages({PAGE_URL: MARKDOWN})
+    api.set_scrape_endings({PAGE_URL: "https://elsewhere.example/article"})
+    result = await Fallback(api, http, FakeWeb({PAGE_URL: forbidden()})).fetcher.fetch(PAGE_URL)
+    assert (result.status, result.body) == ("refused", b"")
+    assert result.reason == (f"HTTP 403; Firecrawl's page ended at https://elsewhere.example/article, "
+                             f"off {PAGE_URL}'s origin")
+
+
+async def test_a_scrape_that_firecrawl_says_ended_on_a_robots_disallowed_path_is_refused(
+    api: FakeSearchAPI, http: httpx.AsyncClient,
+) -> None:
+    robots = Page(b"User-agent: *\nDisallow: /private\n", content_type="text/plain")
+    walled = FakeWeb({"https://walled.example/robots.txt": robots, PAGE_URL: forbidden()})
+    api.set_scraped_pages({PAGE_URL: MARKDOWN})
+    api.set_scrape_endings({PAGE_URL: "https://walled.example/private/memo"})
+    result = await Fallback(api, http, walled, robots=True).fetcher.fetch(PAGE_URL)
+    assert (result.status, result.body) == ("refused", b"")
+    assert "robots" in (result.reason or "")
+
+
+async def test_a_scrape_upgraded_from_http_to_https_on_the_same_host_is_read(
+    api: FakeSearchAPI, http: httpx.AsyncClient,
+) -> None:
+    plain = "http://walled.example/article"
+    api.set_scraped_pages({plain: MARKDOWN})
+    api.set_scrape_endings({plain: PAGE_URL})
+    result = await Fallback(api, http, FakeWeb({plain: forbidden()})).fetcher.fetch(plain)
+    assert (result.status, result.body.decode()) == ("ok", MARKDOWN)
+
+
+async def test_a_page_that_outlasts_its_deadline_is_not_sent_to_firecrawl(api: FakeSearchAPI, http: httpx.AsyncClient) -> None:
+    api.set_scraped_pages({PAGE_URL: MARKDOWN})
+    stalling = FakeWeb({PAGE_URL: html_page(ARTICLE_HTML)})
+    stalling.hold(PAGE_URL)
+    try:
+        result = await Fallback(api, http, stalling, clock=FakeClock()).fetcher.fetch(PAGE_URL)
+    finally:
+        stalling.release(PAGE_URL)
+    assert (result.status, result.reason) == ("failed", "timed out after 5 s")
+    assert api.scraped_urls() == [], "a server that stalls does not get to choose Firecrawl"
+
+
+async def test_a_network_timeout_is_not_sent_to_firecrawl(api: FakeSearchAPI, http: httpx.AsyncClient) -> None:
+    def stalls(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("the server stopped sending", request=request)
+
+    api.set_scraped_pages({PAGE_URL: MARKDOWN})
+    result = await Fallback(api, http, httpx.MockTransport(stalls)).fetcher.fetch(PAGE_URL)
+    assert (result.status, result.reason) == ("failed", "network timeout (ReadTimeout)")
     assert api.scraped_urls() == []
 
 
@@ -301,6 +433,15 @@ async def test_text_a_search_provider_sent_is_read_without_fetching(api: FakeSea
     result = await fallback.fetcher.fetch(PAGE_URL)
     assert (result.status, result.body.decode()) == ("ok", MARKDOWN)
     assert web.requested_hosts() == [] and fallback.budget.spent == len(MARKDOWN.encode())
+
+
+async def test_text_a_search_provider_sent_for_a_public_host_on_another_port_is_not_read(
+    api: FakeSearchAPI, http: httpx.AsyncClient,
+) -> None:
+    fallback = Fallback(api, http, FakeWeb({}))
+    fallback.registry.add(SearchResult(provider="firecrawl", title="A", url="https://shell.example:6379/", content=MARKDOWN))
+    result = await fallback.fetcher.fetch("https://shell.example:6379/")
+    assert result.status == "refused" and result.body == b""
 
 
 async def test_text_a_search_provider_sent_for_a_private_address_is_not_read(api: FakeSearchAPI, http: httpx.AsyncClient) -> None:

@@ -362,7 +362,7 @@ async def test_firecrawl_request_asks_for_markdown_with_domains_and_time_filter(
     assert (request.method, request.path) == ("POST", "/firecrawl/v2/search")
     sent = api.last_request_data("firecrawl")
     assert (sent["query"], sent["limit"], sent["sources"]) == ("heat pumps", 7, ["web"])
-    assert sent["scrapeOptions"] == {"formats": ["markdown"], "onlyMainContent": True}
+    assert sent["scrapeOptions"] == {"formats": ["markdown"], "onlyMainContent": True, "excludeTags": ["iframe"]}
     assert (sent["excludeDomains"], sent["tbs"]) == (["spam.com"], "qdr:w")
     assert "includeDomains" not in sent, "preferring a domain must not restrict Firecrawl to it"
 
@@ -391,7 +391,8 @@ async def test_firecrawl_markdown_is_kept_as_the_results_text(api: FakeSearchAPI
 
 async def test_firecrawl_scraped_hit_without_top_level_fields_reads_its_metadata(api: FakeSearchAPI, http: httpx.AsyncClient) -> None:
     api.set_response("firecrawl", body={"success": True, "data": {"web": [
-        {"markdown": "text", "metadata": {"sourceURL": "https://a.org/x", "title": "From metadata", "statusCode": 200}},
+        {"markdown": "text", "metadata": {"sourceURL": "https://a.org/x", "url": "https://a.org/x", "title": "From metadata",
+                                          "statusCode": 200}},
     ]}})
     [result] = await provider_for("firecrawl", api, http).search(SearchQuery(text="q"))
     assert (result.url, result.title, result.content) == ("https://a.org/x", "From metadata", "text")

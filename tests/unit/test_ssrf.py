@@ -139,7 +139,8 @@ async def test_public_host_is_reached_at_its_checked_address_with_original_host_
 
 async def test_https_request_carries_sni_hostname_of_the_original_host() -> None:
     transport = RecordingTransport()
-    fetcher = fetcher_for(transport, DictResolver(NAMES))
+    # Allowed by name, so it keeps its port 8443 (a public host is fetched on 80 and 443 only).
+    fetcher = fetcher_for(transport, DictResolver(NAMES), allow="public.example")
 
     await fetcher.fetch("https://public.example:8443/")
 
