@@ -1,22 +1,25 @@
-"""Tavily search through tavily-python's AsyncTavilyClient, sending through the caller's httpx client."""
+"""Tavily search through its REST API (`POST /search`) with httpx.
+
+tavily-python is not used: its client sent the same JSON through the caller's httpx client, and importing it took
+a third of a second of a run's start-up (it pulls in `requests` and httpx's command-line tool).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 import httpx
-from tavily import AsyncTavilyClient
-from tavily.errors import TimeoutError as TavilyTimeoutError
 
 from research.models import ProviderName, SearchQuery, SearchResult
 from research.providers.base import (
     DEFAULT_TAVILY_BASE_URL,
-    ResponseRecordingClient,
     build_results,
-    decode_json,
-    error_from_sdk_failure,
     results_list,
+    send_for_json,
 )
+
+# Tavily's own limit on a search's wait (tavily-python caps it the same way).
+MAX_TIMEOUT_SECONDS = 120.0
 
 
 class TavilyProvider:
@@ -34,43 +37,42 @@ class TavilyProvider:
         restrict_to_preferred: bool = False,
     ) -> None:
         if not api_key:
-            # Without a key the SDK silently switches to keyless mode; an unkeyed Tavily is "not configured".
+            # Tavily without a key is its keyless mode, with other limits: an unkeyed Tavily is "not configured".
             raise ValueError("TavilyProvider needs an API key")
-        self._recorder = ResponseRecordingClient(http)
-        self._client = AsyncTavilyClient(api_key=api_key, api_base_url=base_url, client=self._recorder)
-        self._timeout_seconds = timeout_seconds
+        self._http = http
+        self._api_key = api_key
+        self._endpoint = base_url.rstrip("/") + "/search"
+        self._timeout_seconds = min(timeout_seconds, MAX_TIMEOUT_SECONDS)
         self._restrict_to_preferred = restrict_to_preferred
 
-    def _search_arguments(self, query: SearchQuery) -> dict[str, Any]:
-        """The SDK keyword arguments for `query`."""
-        arguments: dict[str, Any] = {
+    def _search_body(self, query: SearchQuery) -> dict[str, Any]:
+        """The JSON body asking Tavily for `query`."""
+        body: dict[str, Any] = {
+            "query": query.text,
             "max_results": query.max_results,
             "search_depth": "basic",
             "include_answer": False,
             "include_raw_content": False,
-            "timeout": self._timeout_seconds,
         }
         if query.blocked_domains:
-            arguments["exclude_domains"] = query.blocked_domains
+            body["exclude_domains"] = query.blocked_domains
         if query.preferred_domains:
-            arguments["include_domains"] = query.preferred_domains
-            arguments["include_domains_mode"] = "restrict" if self._restrict_to_preferred else "prefer"
+            body["include_domains"] = query.preferred_domains
+            body["include_domains_mode"] = "restrict" if self._restrict_to_preferred else "prefer"
         if query.since is not None:
-            arguments["start_date"] = query.since.isoformat()
-        return arguments
+            body["start_date"] = query.since.isoformat()
+        return body
+
+    def build_request(self, query: SearchQuery) -> httpx.Request:
+        """The HTTP request for `query`."""
+        headers = {"Authorization": f"Bearer {self._api_key}", "Content-Type": "application/json",
+                   "X-Client-Source": "deepthread"}
+        return self._http.build_request("POST", self._endpoint, json=self._search_body(query), headers=headers,
+                                        timeout=self._timeout_seconds)
 
     async def search(self, query: SearchQuery) -> list[SearchResult]:
         """Search Tavily for `query`; raises SearchProviderError on any failure."""
-        self._recorder.forget_last_response()
-        try:
-            payload = await self._client.search(query.text, **self._search_arguments(query))
-        except Exception as error:  # the SDK raises its own classes, httpx's and json's: all are classified here
-            raise error_from_sdk_failure(
-                self.name, error, self._recorder.last_response(), timeout_types=(TavilyTimeoutError,),
-            ) from error
-        raw_response = self._recorder.last_response()
-        # The SDK turns a reply without "results" into an empty list; read what Tavily actually sent.
-        return self.parse(decode_json(self.name, raw_response) if raw_response is not None else payload)
+        return self.parse(await send_for_json(self.name, self._http, self.build_request(query)))
 
     def parse(self, payload: Any) -> list[SearchResult]:
         """SearchResults from a Tavily `/search` reply; raises SearchProviderError (malformed) when it is not one."""

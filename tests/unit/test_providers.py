@@ -179,7 +179,7 @@ async def test_keyed_providers_send_their_key(name: str, api: FakeSearchAPI, htt
 
 
 @pytest.mark.parametrize("name", ["tavily", "exa"])
-async def test_sdk_providers_leave_the_shared_client_headers_alone(name: str, api: FakeSearchAPI, http: httpx.AsyncClient) -> None:
+async def test_providers_leave_the_shared_client_headers_alone(name: str, api: FakeSearchAPI, http: httpx.AsyncClient) -> None:
     before = dict(http.headers)
     await provider_for(name, api, http).search(SearchQuery(text="q"))
     assert dict(http.headers) == before
