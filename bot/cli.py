@@ -69,12 +69,20 @@ def settings_or_exit() -> Settings:
 
 @app.command()
 def migrate(revision: str = typer.Argument("head", help="Alembic revision to upgrade to.")) -> None:
-    """Create or upgrade the database schema at DATABASE_URL."""
+    """Create or upgrade the database schema at DATABASE_URL; encrypt the stored Slack tokens with the first key of
+    DEEPTHREAD_SECRET_KEY."""
+    from storage.encryption import token_cipher
     from storage.migrate import upgrade
 
     settings = settings_or_exit()
-    upgrade(settings.database_url, revision)
+    tokens = upgrade(settings.database_url, revision, token_cipher=token_cipher(settings.secret("deepthread_secret_key")))
     typer.echo(f"Database is at revision {revision}.")
+    if tokens is not None and tokens.renewed:
+        typer.echo(f"{tokens.renewed} stored Slack secrets encrypted with the first DEEPTHREAD_SECRET_KEY.")
+    if tokens is not None and tokens.unreadable:
+        typer.echo(f"{tokens.unreadable} stored Slack secrets cannot be read with any DEEPTHREAD_SECRET_KEY: put the "
+                   "key that encrypted them back in the list.", err=True)
+        raise typer.Exit(code=1)
 
 
 @app.command()
@@ -93,13 +101,29 @@ def doctor() -> None:
 
 
 def _database(settings: Settings) -> Sessions:
-    """The session factory of DATABASE_URL, its schema upgraded first."""
+    """The session factory of DATABASE_URL, its schema upgraded first (and the stored Slack tokens encrypted with the
+    first DEEPTHREAD_SECRET_KEY)."""
     from storage.db import make_engine, make_session_factory
+    from storage.encryption import token_cipher
     from storage.migrate import upgrade
 
     engine = make_engine(settings.database_url)
-    upgrade(settings.database_url, engine=engine)
+    upgrade(settings.database_url, engine=engine, token_cipher=token_cipher(settings.secret("deepthread_secret_key")))
     return make_session_factory(engine)
+
+
+def _require_token_key(settings: Settings, sessions: Sessions) -> None:
+    """With OAuth installs, exit 2 with one line unless DEEPTHREAD_SECRET_KEY is set and reads every stored token."""
+    from bot.slack.bundle import oauth_mode
+    from storage.encryption import token_cipher
+    from storage.installations import token_key_problem
+
+    if not oauth_mode(settings):
+        return
+    problem = token_key_problem(sessions, token_cipher(settings.secret("deepthread_secret_key")))
+    if problem is not None:
+        typer.echo(problem, err=True)
+        raise typer.Exit(code=2)
 
 
 def _request(mode: str, question: str, *, since: str | None = None, sites: Sequence[str] = (),
@@ -376,7 +400,7 @@ def up() -> None:
 
     settings = settings_or_exit()
     _require_llm(settings)
-    _database(settings)
+    _require_token_key(settings, _database(settings))
     adapters = configured_adapters(settings)
     interactive = not adapters and sys.stdin.isatty()
     logs = Path(settings.data_dir) / "logs"
@@ -412,7 +436,7 @@ def worker_command(
     settings = settings_or_exit()
     if concurrency:
         settings = settings.model_copy(update={"worker_concurrency": concurrency})
-    _database(settings)
+    _require_token_key(settings, _database(settings))
     configure_logging(settings)
     celery = configure(settings, platforms=platform_bundles())
     celery.worker_main(worker_argv(settings, hostname=hostname))
@@ -431,7 +455,8 @@ def _exit_unless_configured(bundle: PlatformBundle, settings: Settings, if_confi
 @app.command("slack")
 def slack_command(
     port: int = typer.Option(3000, "--port", help="Port for POST /slack/events (HTTP mode) and GET /healthz."),
-    host: str = typer.Option("0.0.0.0", "--host", help="Address to listen on."),
+    host: str | None = typer.Option(None, "--host", help="Address to listen on (default: HTTP_BIND_ADDRESS, "
+                                                          "127.0.0.1 unless set)."),
     if_configured: bool = typer.Option(False, "--if-configured", help=IF_CONFIGURED_HELP),
 ) -> None:
     """Run the Slack bot: Socket Mode when SLACK_APP_TOKEN is set, otherwise HTTP mode at /slack/events."""
@@ -445,8 +470,9 @@ def slack_command(
         typer.echo(problem, err=True)
         raise typer.Exit(code=2)
     sessions = _database(settings)
+    _require_token_key(settings, sessions)
     configure_logging(settings)
-    run(settings, platform_core(BUNDLE, settings, sessions), host=host, port=port)
+    run(settings, platform_core(BUNDLE, settings, sessions), host=host or settings.http_bind_address, port=port)
 
 
 @app.command("discord")

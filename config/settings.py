@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from functools import lru_cache
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -139,12 +140,20 @@ class Settings(BaseSettings):
     slack_client_id: str | None = None
     slack_client_secret: SecretStr | None = None
     slack_authorize_url: HttpUrl = "https://slack.com/oauth/v2/authorize"
+    # Fernet keys, comma-separated, that encrypt the OAuth installs' tokens in the database: the first encrypts, all
+    # decrypt (a new key goes first, the old one after it until `deepthread migrate` has encrypted again).
+    deepthread_secret_key: SecretStr | None = None
+    # /metrics on the Slack app's port, which is the public one in HTTP mode: off unless Prometheus scrapes it there.
+    slack_serve_metrics: bool = False
     discord_bot_token: SecretStr | None = None
     discord_application_id: str | None = None
     discord_api_url: HttpUrl = "https://discord.com/api/v10"
     discord_guild_ids: CommaList = Field(default_factory=list)
     # The Discord bot's /healthz and /metrics (0: none).
     discord_http_port: int = Field(default=9451, ge=0, le=65535)
+    # The address every HTTP server listens on (the worker's and the Discord bot's /healthz and /metrics, the Slack
+    # app's default --host): loopback unless a deployment opts in, as Compose does with 0.0.0.0.
+    http_bind_address: str = "127.0.0.1"
 
     cancel_emoji: CommaList = Field(default_factory=lambda: ["x", "octagonal_sign", "❌", "🛑"])
     log_level: str = "INFO"
@@ -216,6 +225,14 @@ class Settings(BaseSettings):
         # slack-sdk joins method names onto base_url, so it must end with a slash.
         return value if value.endswith("/") else value + "/"
 
+    @field_validator("http_bind_address")
+    @classmethod
+    def _ip_address(cls, value: str) -> str:
+        try:
+            return str(ipaddress.ip_address(value.strip()))
+        except ValueError:
+            raise ValueError("must be an IP address: 127.0.0.1 (this host only) or 0.0.0.0 (every address)") from None
+
     @field_validator("log_level")
     @classmethod
     def _known_level(cls, value: str) -> str:
@@ -229,6 +246,20 @@ class Settings(BaseSettings):
     def _known_format(cls, value: str) -> str:
         if value not in ("console", "json"):
             raise ValueError("must be console or json")
+        return value
+
+    @field_validator("deepthread_secret_key")
+    @classmethod
+    def _fernet_keys(cls, value: SecretStr | None) -> SecretStr | None:
+        from cryptography.fernet import Fernet
+
+        for key in (value.get_secret_value() if value is not None else "").split(","):
+            try:
+                if key.strip():
+                    Fernet(key.strip())
+            except ValueError:
+                raise ValueError("must be Fernet keys, comma-separated; make one with python -c \"from "
+                                 "cryptography.fernet import Fernet; print(Fernet.generate_key().decode())\"") from None
         return value
 
     @field_validator("database_url")

@@ -68,11 +68,17 @@ def normalise_url(url: str) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
-def _ensure_sqlite_directory(url: str) -> None:
+def _ensure_sqlite_file(url: str) -> None:
+    """Create a SQLite database's file (and directory) readable by this user only, before SQLite creates it with the
+    umask's mode; its -wal and -shm files take the file's mode. An existing file or directory is left as it is."""
     database = make_url(url).database
     if database and database != ":memory:" and not database.startswith("file:"):
-        directory = os.path.dirname(os.path.abspath(database))
-        os.makedirs(directory, exist_ok=True)
+        path = os.path.abspath(database)
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        except FileExistsError:
+            pass
 
 
 # pysqlite (legacy transaction control) opens a transaction implicitly before these, and only these.
@@ -170,7 +176,7 @@ def make_engine(url: str, **options: Any) -> Engine:
     url = normalise_url(url)
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
-        _ensure_sqlite_directory(url)
+        _ensure_sqlite_file(url)
         connect_args = {"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000,
                         "factory": SerialisedWriterConnection}
         if parsed.database in (None, "", ":memory:"):

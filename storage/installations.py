@@ -1,34 +1,39 @@
-"""The Slack OAuth tables: installations, bots and install states, as slack-sdk's SQLAlchemy stores read and write them.
+"""The Slack OAuth tables: installations and bots, as slack-sdk's SQLAlchemy installation store reads and writes them.
 
-The columns are slack-sdk's own (`SQLAlchemyInstallationStore.build_installations_table`, `build_bots_table`,
-`SQLAlchemyOAuthStateStore.build_oauth_states_table`), written out here so that the schema lives in our metadata and
-migrations without importing slack-sdk; tests/unit/test_slack_oauth_settings.py checks they stay the same.
+The columns are slack-sdk's own (`SQLAlchemyInstallationStore.build_installations_table`, `build_bots_table`),
+written out here so that the schema lives in our metadata and migrations without importing slack-sdk;
+tests/unit/test_slack_oauth_settings.py checks they stay the same, but for the secret columns (`SECRET_COLUMNS`):
+those hold the tokens and the webhook URL encrypted with DEEPTHREAD_SECRET_KEY (`storage.encryption`), as text, since
+a Fernet token is longer than the plain value. The store slack-sdk builds queries copies of our tables whose secret
+columns are `EncryptedText`: it writes and reads plain values, the database holds only encrypted ones.
 
-slack-sdk's stores are built here too, on our table names, with every query the app makes of them: each function is
+slack-sdk's store is built here too, on our table names, with every query the app makes of it: each function is
 blocking and has an `a`-named twin that runs it off the event loop (see `storage.db`). slack-sdk is imported only
-when a store is built, so that loading the schema (every process does) never loads its SQLAlchemy layer.
+when a store is built, so that loading the schema (every process does) never loads its SQLAlchemy layer. The install
+states of the OAuth flow are not stored: they are signed (bot.slack.oauth_state).
 """
 
 from __future__ import annotations
 
-import datetime as dt
 from logging import Logger
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
-from sqlalchemy import Boolean, Column, DateTime, Index, Integer, String, Table, desc, select
+from sqlalchemy import Boolean, Column, DateTime, Index, Integer, MetaData, String, Table, Text, desc, exists, select
 
 from storage.base import Base
-from storage.db import Engine, off_loop
+from storage.db import Engine, Sessions, off_loop
+from storage.encryption import KEY_REQUIRED, KEY_SETTING, EncryptedText, TokenCipher
 
 if TYPE_CHECKING:
     from slack_sdk.oauth.installation_store.models.bot import Bot
     from slack_sdk.oauth.installation_store.models.installation import Installation
     from slack_sdk.oauth.installation_store.sqlalchemy import SQLAlchemyInstallationStore
-    from slack_sdk.oauth.state_store.sqlalchemy import SQLAlchemyOAuthStateStore
 
 INSTALLATIONS_TABLE = "slack_installations"
 BOTS_TABLE = "slack_bots"
-OAUTH_STATES_TABLE = "slack_oauth_states"
+# The columns that hold a credential: stored encrypted, as text.
+SECRET_COLUMNS = frozenset({"bot_token", "bot_refresh_token", "user_token", "user_refresh_token",
+                            "incoming_webhook_url"})
 
 slack_installations = Table(
     INSTALLATIONS_TABLE,
@@ -41,18 +46,18 @@ slack_installations = Table(
     Column("enterprise_url", String(200)),
     Column("team_id", String(32)),
     Column("team_name", String(200)),
-    Column("bot_token", String(200)),
+    Column("bot_token", Text),
     Column("bot_id", String(32)),
     Column("bot_user_id", String(32)),
     Column("bot_scopes", String(1000)),
-    Column("bot_refresh_token", String(200)),
+    Column("bot_refresh_token", Text),
     Column("bot_token_expires_at", DateTime),
     Column("user_id", String(32), nullable=False),
-    Column("user_token", String(200)),
+    Column("user_token", Text),
     Column("user_scopes", String(1000)),
-    Column("user_refresh_token", String(200)),
+    Column("user_refresh_token", Text),
     Column("user_token_expires_at", DateTime),
-    Column("incoming_webhook_url", String(200)),
+    Column("incoming_webhook_url", Text),
     Column("incoming_webhook_channel", String(200)),
     Column("incoming_webhook_channel_id", String(200)),
     Column("incoming_webhook_configuration_url", String(200)),
@@ -72,32 +77,39 @@ slack_bots = Table(
     Column("enterprise_name", String(200)),
     Column("team_id", String(32)),
     Column("team_name", String(200)),
-    Column("bot_token", String(200)),
+    Column("bot_token", Text),
     Column("bot_id", String(32)),
     Column("bot_user_id", String(32)),
     Column("bot_scopes", String(1000)),
-    Column("bot_refresh_token", String(200)),
+    Column("bot_refresh_token", Text),
     Column("bot_token_expires_at", DateTime),
     Column("is_enterprise_install", Boolean, nullable=False),
     Column("installed_at", DateTime, nullable=False),
     Index(f"{BOTS_TABLE}_idx", "client_id", "enterprise_id", "team_id", "installed_at"),
 )
 
-slack_oauth_states = Table(
-    OAUTH_STATES_TABLE,
-    Base.metadata,
-    Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("state", String(200), nullable=False),
-    Column("expire_at", DateTime, nullable=False),
-)
+
+def _encrypting(table: Table, metadata: MetaData, cipher: TokenCipher) -> Table:
+    """A copy of `table` in `metadata` whose secret columns are encrypted with `cipher` on the way in and out."""
+    return Table(table.name, metadata, *(
+        Column(column.name, EncryptedText(cipher) if column.name in SECRET_COLUMNS else column.type,
+               primary_key=column.primary_key, nullable=column.nullable, autoincrement=column.autoincrement)
+        for column in table.columns))
 
 
-def installation_store(engine: Engine, client_id: str, *, logger: Logger) -> SQLAlchemyInstallationStore:
-    """slack-sdk's installation store of app `client_id` on our installations and bots tables behind `engine`."""
+def installation_store(engine: Engine, client_id: str, cipher: TokenCipher, *,
+                       logger: Logger) -> SQLAlchemyInstallationStore:
+    """slack-sdk's installation store of app `client_id` on our installations and bots tables behind `engine`, its
+    tokens encrypted with `cipher`."""
     from slack_sdk.oauth.installation_store.sqlalchemy import SQLAlchemyInstallationStore
 
-    return SQLAlchemyInstallationStore(client_id=client_id, engine=engine, bots_table_name=BOTS_TABLE,
-                                       installations_table_name=INSTALLATIONS_TABLE, logger=logger)
+    store = SQLAlchemyInstallationStore(client_id=client_id, engine=engine, bots_table_name=BOTS_TABLE,
+                                        installations_table_name=INSTALLATIONS_TABLE, logger=logger)
+    # Every query of the store goes through these two attributes: its own copies, without encryption, are replaced.
+    store.metadata = MetaData()
+    store.installations = _encrypting(slack_installations, store.metadata, cipher)
+    store.bots = _encrypting(slack_bots, store.metadata, cipher)
+    return store
 
 
 def save_installation(store: SQLAlchemyInstallationStore, installation: Installation) -> None:
@@ -146,26 +158,54 @@ def delete_installation(store: SQLAlchemyInstallationStore, *, enterprise_id: st
     store.delete_installation(enterprise_id=enterprise_id, team_id=team_id, user_id=user_id)
 
 
-def oauth_state_store(engine: Engine, expiration_seconds: int, *, logger: Logger) -> SQLAlchemyOAuthStateStore:
-    """slack-sdk's store of install states on our table behind `engine`, each state valid `expiration_seconds`."""
-    from slack_sdk.oauth.state_store.sqlalchemy import SQLAlchemyOAuthStateStore
+class StoredTokens(NamedTuple):
+    """What `encrypt_stored_tokens` found: values it encrypted or encrypted again with the first key, and values
+    none of the keys can read."""
 
-    return SQLAlchemyOAuthStateStore(expiration_seconds=expiration_seconds, engine=engine, logger=logger,
-                                     table_name=OAUTH_STATES_TABLE)
-
-
-def issue_oauth_state(store: SQLAlchemyOAuthStateStore) -> str:
-    """A new state, stored until it expires or is consumed; the expired states of installs never finished go first."""
-    states = store.oauth_states
-    now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)  # slack-sdk stores naive UTC
-    with store.engine.begin() as connection:
-        connection.execute(states.delete().where(states.c.expire_at < now))
-    return store.issue()
+    renewed: int
+    unreadable: int
 
 
-def consume_oauth_state(store: SQLAlchemyOAuthStateStore, state: str) -> bool:
-    """Whether `state` was issued and has not expired; it cannot be used again either way."""
-    return store.consume(state)
+def encrypt_stored_tokens(engine: Engine, cipher: TokenCipher) -> StoredTokens:
+    """Encrypt every stored secret value that is in plain text (written before DEEPTHREAD_SECRET_KEY was set), and
+    encrypt again with the first key every value an older key encrypted; a value no key reads is left as it is."""
+    renewed = unreadable = 0
+    for table in (slack_installations, slack_bots):
+        secrets = [column for column in table.columns if column.name in SECRET_COLUMNS]
+        with engine.begin() as connection:
+            for row in connection.execute(select(table.c.id, *secrets)).mappings().all():
+                changes: dict[str, str] = {}
+                for column in secrets:
+                    stored = row[column.name]
+                    if stored is None:
+                        continue
+                    new_value = cipher.renewed(stored)
+                    if new_value is not None:
+                        changes[column.name] = new_value
+                    elif not cipher.can_read(stored):
+                        unreadable += 1
+                if changes:
+                    connection.execute(table.update().where(table.c.id == row["id"]).values(changes))
+                    renewed += len(changes)
+    return StoredTokens(renewed=renewed, unreadable=unreadable)
+
+
+def token_key_problem(sessions: Sessions, cipher: TokenCipher | None) -> str | None:
+    """Why a process that reads the stored Slack tokens cannot start, in one line naming DEEPTHREAD_SECRET_KEY: it is
+    not set, or a stored value is not encrypted with one of its keys; None when every stored token can be read."""
+    with sessions() as session:
+        if cipher is None:
+            if any(session.scalar(select(exists().select_from(table))) for table in (slack_installations, slack_bots)):
+                return (f"{KEY_SETTING} is required: the database holds Slack installations, whose tokens are "
+                        "stored encrypted with it (the README says how to make one)")
+            return KEY_REQUIRED
+        for table in (slack_installations, slack_bots):
+            secrets = [column for column in table.columns if column.name in SECRET_COLUMNS]
+            for row in session.execute(select(*secrets)):
+                if any(value is not None and not cipher.can_read(value) for value in row):
+                    return (f"{KEY_SETTING} cannot read the stored Slack tokens: put the key that encrypted them "
+                            "back in the list (after the new one) and run `deepthread migrate`")
+    return None
 
 
 asave_installation = off_loop(save_installation)
@@ -175,5 +215,3 @@ afind_installation = off_loop(find_installation)
 abot_of_workspace = off_loop(bot_of_workspace)
 adelete_bot = off_loop(delete_bot)
 adelete_installation = off_loop(delete_installation)
-aissue_oauth_state = off_loop(issue_oauth_state)
-aconsume_oauth_state = off_loop(consume_oauth_state)

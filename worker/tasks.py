@@ -175,7 +175,7 @@ def _serve_health_and_metrics(**_: object) -> None:
     global _ops_server
     settings = worker_settings()
     _ops_server = start_ops_server(settings.worker_http_port, process_health(settings, watch_workers=False),
-                                   setting="WORKER_HTTP_PORT")
+                                   host=settings.http_bind_address, setting="WORKER_HTTP_PORT")
 
 
 @signals.worker_ready.connect

@@ -312,7 +312,8 @@ class DiscordBot:
         """Connect and serve until `close()` or a signal (discord.py reconnects on its own), with `/healthz` and
         `/metrics` on DISCORD_HTTP_PORT meanwhile."""
         health = process_health(self.settings, watch_workers=True)
-        ops_server = start_ops_server(self.settings.discord_http_port, health, setting="DISCORD_HTTP_PORT")
+        ops_server = start_ops_server(self.settings.discord_http_port, health, host=self.settings.http_bind_address,
+                                      setting="DISCORD_HTTP_PORT")
         try:
             async with self.client:
                 await self.client.start(token, reconnect=True)

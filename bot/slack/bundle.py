@@ -12,7 +12,7 @@ from bot.platform import PlatformBundle
 from chat.platform import Outbound
 from chat.slack.messenger import SlackMessenger, build_slack_client
 from chat.slack.render import SlackRenderer
-from config import Settings
+from config import Settings, SettingsError
 from ops.metrics import record_rate_limit_wait
 
 if TYPE_CHECKING:
@@ -79,10 +79,15 @@ def outbound(settings: Settings) -> Outbound:
 
 
 def installation_store(settings: Settings, engine: Engine) -> DatabaseInstallationStore:
-    """The OAuth installations of this app (SLACK_CLIENT_ID) in the database behind `engine`."""
+    """The OAuth installations of this app (SLACK_CLIENT_ID) in the database behind `engine`, their tokens encrypted
+    with DEEPTHREAD_SECRET_KEY; raises SettingsError when it is not set."""
     from chat.slack.installations import DatabaseInstallationStore
+    from storage.encryption import KEY_REQUIRED, token_cipher
 
-    return DatabaseInstallationStore(engine, settings.slack_client_id or "")
+    cipher = token_cipher(settings.secret("deepthread_secret_key"))
+    if cipher is None:
+        raise SettingsError(KEY_REQUIRED)
+    return DatabaseInstallationStore(engine, settings.slack_client_id or "", cipher)
 
 
 def doctor(settings: Settings, http: httpx.Client) -> Check:

@@ -1,31 +1,30 @@
 """Installing the Slack app in many workspaces: slack-bolt's OAuth flow on our database, and uninstalls.
 
-`GET /slack/install` sends the person to Slack's authorize page (SLACK_AUTHORIZE_URL) with a state that is stored in
-the database and set as a cookie; Slack sends them back to `GET /slack/oauth_redirect` with a code, which bolt checks
-against the cookie and the stored state, exchanges with `oauth.v2.access` (on SLACK_API_URL), and stores as the
-workspace's installation. Every request from Slack is then authorized with the bot token installed in its workspace.
-`app_uninstalled` and a revoked bot token delete the workspace's installation.
+`GET /slack/install` sends the person to Slack's authorize page (SLACK_AUTHORIZE_URL) with a state that is signed
+(bot.slack.oauth_state; nothing is written) and set as a cookie; Slack sends them back to `GET /slack/oauth_redirect`
+with a code, which bolt checks against the cookie and the state's signature, exchanges with `oauth.v2.access` (on
+SLACK_API_URL), and stores as the workspace's installation (its tokens encrypted with DEEPTHREAD_SECRET_KEY). Every
+request from Slack is then authorized with the bot token installed in its workspace. `app_uninstalled` and a revoked
+bot token delete the workspace's installation.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from logging import Logger
 from typing import Any
 
 from slack_bolt.async_app import AsyncApp, AsyncBoltContext
 from slack_bolt.authorization.async_authorize import AsyncInstallationStoreAuthorize
 from slack_bolt.oauth.async_oauth_flow import AsyncOAuthFlow
 from slack_bolt.oauth.async_oauth_settings import AsyncOAuthSettings
-from slack_sdk.oauth.state_store.async_state_store import AsyncOAuthStateStore
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.slack.bundle import installation_store
+from bot.slack.oauth_state import STATE_SECONDS, SignedOAuthStateStore
 from chat.slack.installations import DatabaseInstallationStore
 from config import Settings
 from storage.db import Engine
-from storage.installations import aconsume_oauth_state, aissue_oauth_state, oauth_state_store
 
 logger = logging.getLogger(__name__)
 
@@ -37,27 +36,6 @@ BOT_SCOPES = (
     "channels:read", "groups:read", "im:read", "mpim:read", "channels:join", "reactions:read", "files:write",
     "assistant:write",
 )
-STATE_SECONDS = 600
-
-
-class DatabaseOAuthStateStore(AsyncOAuthStateStore):
-    """slack-bolt's async state store over slack-sdk's SQLAlchemy one on our table (storage.installations); issuing
-    a state also deletes the expired ones of installs never finished."""
-
-    def __init__(self, engine: Engine, expiration_seconds: int = STATE_SECONDS) -> None:
-        self.store = oauth_state_store(engine, expiration_seconds, logger=logger)
-
-    @property
-    def logger(self) -> Logger:
-        return logger
-
-    async def async_issue(self, *args: Any, **kwargs: Any) -> str:
-        """A new state, stored until it expires or is consumed."""
-        return await aissue_oauth_state(self.store)
-
-    async def async_consume(self, state: str) -> bool:
-        """Whether `state` was issued and has not expired; it cannot be used again either way."""
-        return await aconsume_oauth_state(self.store, state)
 
 
 @dataclass(frozen=True)
@@ -72,9 +50,10 @@ class OAuthInstalls:
 def oauth_installs(settings: Settings, engine: Engine, client: AsyncWebClient) -> OAuthInstalls:
     """The OAuth install flow for SLACK_CLIENT_ID on the database behind `engine`, calling Slack through `client`."""
     store = installation_store(settings, engine)
+    client_secret = settings.secret("slack_client_secret") or ""
     oauth_settings = AsyncOAuthSettings(
         client_id=settings.slack_client_id,
-        client_secret=settings.secret("slack_client_secret"),
+        client_secret=client_secret,
         scopes=list(BOT_SCOPES),
         install_path=INSTALL_PATH,
         redirect_uri_path=REDIRECT_PATH,
@@ -83,7 +62,7 @@ def oauth_installs(settings: Settings, engine: Engine, client: AsyncWebClient) -
         authorization_url=settings.slack_authorize_url,
         installation_store=store,
         installation_store_bot_only=True,
-        state_store=DatabaseOAuthStateStore(engine),
+        state_store=SignedOAuthStateStore(client_secret),
         state_expiration_seconds=STATE_SECONDS,
         logger=logger,
     )

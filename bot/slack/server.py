@@ -1,17 +1,20 @@
 """Running the Slack bot: Socket Mode when SLACK_APP_TOKEN is set, otherwise HTTP mode behind a public URL.
 
 HTTP mode serves `POST /slack/events` (events, slash commands and interactivity all use this one Request URL; bolt
-verifies each request's signature and timestamp), `GET /healthz` and `GET /metrics` with uvicorn. A body over
+verifies each request's signature and timestamp) and `GET /healthz` with uvicorn, on HTTP_BIND_ADDRESS unless
+`--host` says otherwise; `GET /metrics` too only with SLACK_SERVE_METRICS (the port is the public one). A body over
 `MAX_BODY_BYTES` is answered 413 as soon as that is known (from Content-Length, else while reading), before any
 signature check, so an unsigned sender cannot make the bot buffer a large body; a signed request seen before is refused
 (see `dedupe.py`). Socket Mode opens a WebSocket from `apps.connections.open` (on SLACK_API_URL) and needs no public
-URL; `/healthz` and `/metrics` are still served for the orchestrator and Prometheus.
+URL; `/healthz` (and `/metrics` with SLACK_SERVE_METRICS) is still served for the orchestrator and Prometheus.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import uvicorn
 from prometheus_client import REGISTRY, CollectorRegistry
@@ -29,7 +32,7 @@ from bot.slack.app import ConversationHandler, build_slack_app
 from bot.slack.bundle import missing_adapter_setting, web_client
 from bot.slack.dedupe import EventDeduper, RedisEventDeduper, RedisReplayGuard, ReplayGuard, claims_client
 from config import Settings
-from ops.health import HealthChecker, process_health
+from ops.health import HealthChecker, HealthMonitor, process_health
 from ops.server import HEALTH_PATH, METRICS_PATH, starlette_health_endpoint, starlette_metrics_endpoint
 from storage.redis import resolve_redis_url
 
@@ -68,11 +71,14 @@ def replaying(body: bytes, receive: Receive) -> Receive:
 
 
 def build_http_app(app: AsyncApp | None, *, max_body_bytes: int = MAX_BODY_BYTES, health: HealthChecker | None = None,
-                   registry: CollectorRegistry = REGISTRY) -> Starlette:
-    """The ASGI app: `GET /healthz` (liveness only without `health`), `GET /metrics`, and `POST /slack/events` into the
-    bolt `app` when one is given (HTTP mode), bodies over `max_body_bytes` refused with 413."""
-    routes = [Route(HEALTH_PATH, starlette_health_endpoint(health), methods=["GET"]),
-              Route(METRICS_PATH, starlette_metrics_endpoint(registry), methods=["GET"])]
+                   registry: CollectorRegistry = REGISTRY, serve_metrics: bool = False) -> Starlette:
+    """The ASGI app: `GET /healthz` (liveness only without `health`; from a `HealthMonitor`'s latest report, which
+    stops with the app's lifespan), `GET /metrics` only with `serve_metrics`, and `POST /slack/events` into the bolt
+    `app` when one is given (HTTP mode), bodies over `max_body_bytes` refused with 413."""
+    monitor = HealthMonitor(health) if health is not None else None
+    routes = [Route(HEALTH_PATH, starlette_health_endpoint(monitor), methods=["GET"])]
+    if serve_metrics:
+        routes.append(Route(METRICS_PATH, starlette_metrics_endpoint(registry), methods=["GET"]))
     if app is not None:
         handler = AsyncSlackRequestHandler(app)
 
@@ -87,7 +93,16 @@ def build_http_app(app: AsyncApp | None, *, max_body_bytes: int = MAX_BODY_BYTES
         if app.oauth_flow is not None:  # OAuth installs: bolt's /slack/install and /slack/oauth_redirect
             for path in (app.oauth_flow.install_path, app.oauth_flow.redirect_uri_path):
                 routes.append(Route(path, handler.handle, methods=["GET"]))
-    return Starlette(routes=routes)
+
+    @asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            if monitor is not None:
+                monitor.close()
+
+    return Starlette(routes=routes, lifespan=lifespan)
 
 
 def slack_client(settings: Settings) -> AsyncWebClient:
@@ -113,7 +128,8 @@ class SlackBot:
         self.replay_guard = replay_guard
         self.app = build_slack_app(settings, core, client=self.client, dedupe=self.dedupe, replay_guard=self.replay_guard)
         self.app_token = settings.secret("slack_app_token")
-        self.http_app = build_http_app(None if self.app_token else self.app, health=health)
+        self.http_app = build_http_app(None if self.app_token else self.app, health=health,
+                                       serve_metrics=settings.slack_serve_metrics)
         self.socket_mode: AsyncSocketModeHandler | None = None
         self._server: uvicorn.Server | None = None
 

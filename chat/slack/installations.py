@@ -1,8 +1,9 @@
 """Slack workspaces installed through OAuth: their stored installations, and a Web API client per workspace.
 
 The installations live in our database and are read and written by slack-sdk's SQLAlchemy store, built and queried
-in storage/installations.py; `DatabaseInstallationStore` offers it to slack-bolt (and to the worker) through the
-async interface, each call off the event loop so that it never waits on the database.
+in storage/installations.py, their tokens encrypted with DEEPTHREAD_SECRET_KEY's cipher; `DatabaseInstallationStore`
+offers it to slack-bolt (and to the worker) through the async interface, each call off the event loop so that it
+never waits on the database.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from slack_sdk.oauth.installation_store.models.installation import Installation
 from slack_sdk.web.async_client import AsyncWebClient
 
 from storage.db import Engine
+from storage.encryption import TokenCipher
 from storage.installations import (
     abot_of_workspace,
     adelete_bot,
@@ -36,10 +38,11 @@ TOKEN_CACHE_SECONDS = 60.0
 
 
 class DatabaseInstallationStore(AsyncInstallationStore):
-    """slack-bolt's async installation store over slack-sdk's SQLAlchemy store on our tables."""
+    """slack-bolt's async installation store over slack-sdk's SQLAlchemy store on our tables, its tokens encrypted
+    with `cipher`."""
 
-    def __init__(self, engine: Engine, client_id: str) -> None:
-        self.store = installation_store(engine, client_id, logger=logger)
+    def __init__(self, engine: Engine, client_id: str, cipher: TokenCipher) -> None:
+        self.store = installation_store(engine, client_id, cipher, logger=logger)
 
     @property
     def logger(self) -> Logger:

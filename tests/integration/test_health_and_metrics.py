@@ -1,4 +1,6 @@
-"""A real worker process's `/healthz` and `/metrics`, and the Slack app's `/healthz`, against a real Redis."""
+"""A real worker process's `/healthz` and `/metrics`, and the Slack app's `/healthz`, against a real Redis.
+
+`/healthz` answers from a report refreshed every few seconds in the background, so a change shows within a refresh."""
 
 from __future__ import annotations
 
@@ -72,14 +74,16 @@ def test_healthz_names_redis_while_a_real_redis_is_stopped_and_is_ok_again_after
                 status, body = cluster.wait_for(lambda: (answer := healthz(port)) and answer[0] == 503 and answer,
                                                 15, "the worker's /healthz to answer 503")
                 assert body["failing"] == ["redis"] and body["parts"]["database"] == "ok", body
-                bot_answer = slack_app.get("/healthz")
-                assert bot_answer.status_code == 503 and bot_answer.json()["failing"] == ["redis"], bot_answer.json()
+                bot_answer = cluster.wait_for(lambda: (answer := slack_app.get("/healthz")).status_code == 503
+                                              and answer, 15, "the Slack app's /healthz to answer 503")
+                assert bot_answer.json()["failing"] == ["redis"], bot_answer.json()
 
                 outage_redis.start()
                 cluster.wait_for(lambda: healthz(port) == (200, {"ok": True, "failing": [],
                                                                  "parts": {"database": "ok", "redis": "ok"}}),
                                  15, "the worker's /healthz to answer 200 again")
-                assert slack_app.get("/healthz").status_code == 200
+                cluster.wait_for(lambda: slack_app.get("/healthz").status_code == 200, 15,
+                                 "the Slack app's /healthz to answer 200 again")
         finally:
             cluster.stop()
 
@@ -146,8 +150,8 @@ def test_the_discord_bot_serves_healthz_and_metrics_on_its_port_and_needs_a_live
             assert answer == (503, {"ok": False, "failing": ["worker_heartbeat"], "parts": {
                 "database": "ok", "redis": "ok", "worker_heartbeat": "no worker heartbeat in the last 60 s"}})
             beat(redis_client, "w1@test")
-            assert healthz(port) == (200, {"ok": True, "failing": [], "parts": {
-                "database": "ok", "redis": "ok", "worker_heartbeat": "ok"}})
+            wait_for(lambda: healthz(port) == (200, {"ok": True, "failing": [], "parts": {
+                "database": "ok", "redis": "ok", "worker_heartbeat": "ok"}}), "the next refresh to see the heartbeat", 20)
             metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
             assert "process_cpu_seconds" in {family.name for family in text_string_to_metric_families(metrics.text)}
         finally:

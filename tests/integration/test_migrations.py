@@ -1,13 +1,19 @@
 from __future__ import annotations
 
+import datetime as dt
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, select
 from sqlalchemy.exc import IntegrityError
 
 from storage.db import make_engine, make_session_factory
-from storage.migrate import current_revision, downgrade, upgrade
+from storage.migrate import HEAD_REVISION, alembic_config, current_revision, downgrade, upgrade
 from storage.models import Base, Citation, Conversation, Event, Passage, Run, Source
 
 pytestmark = pytest.mark.integration
@@ -43,6 +49,37 @@ def test_models_and_migrations_do_not_drift(database_url: str) -> None:
         differences = compare_metadata(context, Base.metadata)
     engine.dispose()
     assert differences == []
+
+
+def test_the_newest_revision_known_without_alembic_is_alembic_s_head() -> None:
+    # A new migration must move HEAD_REVISION too, or databases at the old head would be left unmigrated.
+    assert ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head() == HEAD_REVISION
+
+
+def test_a_new_database_and_one_at_the_newest_revision_are_opened_without_alembic(database_url: str) -> None:
+    # Alembic (with Mako and Pygments) was half a second of every `deepthread research` before its first step.
+    script = (
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})\n"
+        "from storage.migrate import current_revision, upgrade\n"
+        "from storage.db import make_engine\n"
+        f"engine = make_engine({database_url!r})\n"
+        "upgrade(engine.url.render_as_string(hide_password=False), engine=engine)\n"
+        "print(current_revision(engine) if 'alembic' in sys.modules else 'no alembic')\n"
+    )
+
+    def opened() -> str:
+        finished = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+        assert finished.returncode == 0, finished.stderr[-2000:]
+        return finished.stdout.strip()
+
+    assert opened() == "no alembic"  # a new database: built from the models and stamped
+    assert opened() == "no alembic"  # at the newest revision: nothing to do
+    engine = make_engine(database_url)
+    assert current_revision(engine) == HEAD_REVISION
+    downgrade(database_url, "0007", engine=engine)
+    engine.dispose()
+    assert opened() == HEAD_REVISION  # an older one is migrated, by Alembic
 
 
 def test_an_empty_database_is_built_at_the_newest_revision_as_the_migrations_would_build_it(
@@ -98,4 +135,37 @@ def test_deepthread_migrate_command_upgrades_any_database_url(database_url: str,
     assert result.exit_code == 0, result.output
     engine = make_engine(database_url)
     assert TABLES <= set(inspect(engine).get_table_names())
+    engine.dispose()
+
+
+def test_tokens_stored_before_the_key_was_set_are_encrypted_by_the_migration_and_read_back(database_url: str) -> None:
+    import logging
+
+    from cryptography.fernet import Fernet
+
+    from storage.encryption import TokenCipher
+    from storage.installations import find_installation, installation_store, slack_bots, slack_installations
+
+    engine = make_engine(database_url)
+    upgrade(database_url, "0007", engine=engine, build_empty=False)
+    bot_token, refresh_token = "xoxb-1-2-plain", "xoxe-1-" + "r" * 190  # encrypted, far longer than the old 200
+    installed = {"client_id": "1.2", "app_id": "A1", "team_id": "T1", "is_enterprise_install": False,
+                 "installed_at": dt.datetime(2026, 1, 1), "bot_token": bot_token}
+    with engine.begin() as connection:
+        connection.execute(slack_installations.insert().values(**installed, user_id="U1", user_token="xoxp-plain"))
+        connection.execute(slack_bots.insert().values(**installed))
+    key = Fernet.generate_key().decode()
+    cipher = TokenCipher([key])
+
+    assert upgrade(database_url, engine=engine, token_cipher=cipher) == (3, 0)  # two tokens installed, one in the bot
+    with engine.begin() as connection:
+        stored = [value for table in (slack_installations, slack_bots)
+                  for value in connection.execute(select(table.c.bot_token)).scalars()]
+        stored.extend(connection.execute(select(slack_installations.c.user_token)).scalars())
+        connection.execute(slack_installations.update().values(user_refresh_token=cipher.encrypt(refresh_token)))
+    assert len(stored) == 3 and not any(value.startswith("xox") for value in stored)
+    store = installation_store(engine, "1.2", cipher, logger=logging.getLogger(__name__))
+    found = find_installation(store, enterprise_id=None, team_id="T1", user_id="U1")
+    assert found is not None and (found.bot_token, found.user_token) == (bot_token, "xoxp-plain")
+    assert found.user_refresh_token == refresh_token
     engine.dispose()

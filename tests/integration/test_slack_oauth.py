@@ -1,6 +1,7 @@
 """Many Slack workspaces: the real bolt OAuth install flow over HTTP against the fake Slack's authorize page and
-`oauth.v2.access`, the installation stored in our database, a run in the installed workspace spoken with that
-workspace's own bot token (bot and worker process alike), and uninstalls deleting the installation."""
+`oauth.v2.access`, the installation stored in our database (its tokens encrypted with DEEPTHREAD_SECRET_KEY, the
+install page writing nothing), a run in the installed workspace spoken with that workspace's own bot token (bot and
+worker process alike), and uninstalls deleting the installation."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sqlalchemy import func, select
+from cryptography.fernet import Fernet
+from sqlalchemy import inspect, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from bot.cli import platform_core
@@ -23,7 +25,8 @@ from chat.message import Content, MessengerError, Place
 from chat.slack.installations import DatabaseInstallationStore, InstalledWorkspaceClients
 from chat.slack.messenger import NOT_INSTALLED, SlackMessenger, build_slack_client
 from storage.db import make_engine
-from storage.installations import slack_bots, slack_installations, slack_oauth_states
+from storage.encryption import TokenCipher
+from storage.installations import slack_bots, slack_installations
 from storage.migrate import upgrade
 from storage.models import Run
 from tests.fakes.corpus import QUESTION, Corpus
@@ -39,6 +42,7 @@ SECOND_TEAM, SECOND_NAME = "T0SECOND", "Second Workspace"
 THIRD_TEAM, THIRD_NAME = "T0THIRD", "Third Workspace"
 CHANNEL = "C0OAUTH01"
 ASKER = "U0ASKER01"
+SECRET_KEY = Fernet.generate_key().decode()
 
 
 @dataclass
@@ -68,10 +72,21 @@ class OAuthWorld:
                                 team_id=team_id, response_url=response_url)
 
     def stored_tokens(self, team_id: str) -> list[str]:
+        """The workspace's bot tokens as the database holds them: encrypted."""
         with self.sessions() as session:
             installed = session.scalars(select(slack_installations.c.bot_token).where(slack_installations.c.team_id == team_id))
             bots = session.scalars(select(slack_bots.c.bot_token).where(slack_bots.c.team_id == team_id))
             return list(installed) + list(bots)
+
+    def decrypted_tokens(self, team_id: str) -> list[str]:
+        return [Fernet(SECRET_KEY).decrypt(token.encode()).decode() for token in self.stored_tokens(team_id)]
+
+    def every_row(self) -> dict[str, list[tuple[object, ...]]]:
+        """Every row of every table in the database."""
+        engine = self.sessions.kw["bind"]
+        with engine.connect() as connection:
+            return {table: [tuple(row) for row in connection.execute(text(f'SELECT * FROM "{table}"'))]
+                    for table in inspect(engine).get_table_names()}
 
     def runs(self) -> list[Run]:
         with self.sessions() as session:
@@ -86,7 +101,8 @@ def world(tmp_path: Path, redis_url: str) -> Iterator[OAuthWorld]:
     with Corpus(llm_latency=0.1, page_latency=0.1) as corpus, FakeSlack() as slack:
         cluster = Cluster(database_url=f"sqlite:///{tmp_path}/deepthread.db", redis_url=redis_url, corpus=corpus,
                           slack=slack, workdir=tmp_path, slack_bot_token="", slack_client_id=FAKE_CLIENT_ID,
-                          slack_client_secret=FAKE_CLIENT_SECRET, slack_authorize_url=slack.authorize_url)
+                          slack_client_secret=FAKE_CLIENT_SECRET, slack_authorize_url=slack.authorize_url,
+                          deepthread_secret_key=SECRET_KEY)
         app = build_slack_app(cluster.settings, platform_core(SLACK, cluster.settings),
                               client=build_slack_client("", slack.api_url), dedupe=RedisEventDeduper.from_url(redis_url))
         try:
@@ -97,17 +113,28 @@ def world(tmp_path: Path, redis_url: str) -> Iterator[OAuthWorld]:
             cluster.stop()
 
 
-def test_an_install_through_the_oauth_flow_stores_the_workspace_s_bot_token(world: OAuthWorld) -> None:
+def test_an_install_through_the_oauth_flow_stores_the_workspace_s_bot_token_encrypted(world: OAuthWorld) -> None:
     finished = world.install(SECOND_TEAM, SECOND_NAME)
     assert finished.status_code == 200, finished.text
     [token] = world.slack.tokens_of(SECOND_TEAM)
-    assert world.stored_tokens(SECOND_TEAM) == [token, token]  # the installation and its bot
+    assert token.startswith("xoxb-")
+    stored = world.stored_tokens(SECOND_TEAM)
+    assert len(stored) == 2 and not any("xoxb" in value or token in value for value in stored), stored
+    assert world.decrypted_tokens(SECOND_TEAM) == [token, token]  # the installation and its bot
     [exchange] = world.slack.calls("oauth.v2.access")
     assert exchange.error is None and exchange.token is None  # the app's client id and secret, no token
     [approval] = world.slack.calls("oauth.v2.authorize")
     assert set(approval.params["scope"].split(",")) >= {"commands", "chat:write", "app_mentions:read"}
-    with world.sessions() as session:
-        assert session.scalar(select(func.count()).select_from(slack_oauth_states)) == 0, "the state is used up"
+
+
+def test_opening_the_install_page_writes_nothing_to_the_database(world: OAuthWorld) -> None:
+    before = world.every_row()
+    with httpx.Client(timeout=10.0, follow_redirects=False) as browser:
+        for _ in range(3):
+            to_slack = browser.get(f"{world.bot_url}/slack/install")
+            assert to_slack.status_code == 302 and "state=" in to_slack.headers["location"], to_slack.text
+    after = world.every_row()
+    assert {table: rows for table, rows in after.items() if before.get(table) != rows} == {}, "rows written"
 
 
 def test_a_redirect_without_the_state_cookie_installs_nothing(world: OAuthWorld) -> None:
@@ -147,7 +174,7 @@ def test_uninstalling_the_app_deletes_the_workspace_s_installation(world: OAuthW
     uninstalled = sender.event({"type": "app_uninstalled", "event_ts": sender.next_ts()})
     assert sender.send(uninstalled).status_code == 200
     world.cluster.wait_for(lambda: world.stored_tokens(SECOND_TEAM) == [], 10, "the installation to be deleted")
-    assert len(world.stored_tokens(THIRD_TEAM)) == 2, "other workspaces keep theirs"
+    assert world.decrypted_tokens(THIRD_TEAM) == world.slack.tokens_of(THIRD_TEAM) * 2, "other workspaces keep theirs"
     with ResponseUrlCatcher() as catcher:
         asking = world.sender(SECOND_TEAM, response_url=catcher.url)
         assert asking.send(asking.command("/research", QUESTION, user=ASKER, channel=CHANNEL)).status_code == 200
@@ -173,7 +200,7 @@ def store(tmp_path: Path) -> DatabaseInstallationStore:
     url = f"sqlite:///{tmp_path}/installations.db"
     engine = make_engine(url)
     upgrade(url, engine=engine)
-    return DatabaseInstallationStore(engine, FAKE_CLIENT_ID)
+    return DatabaseInstallationStore(engine, FAKE_CLIENT_ID, TokenCipher([SECRET_KEY]))
 
 
 async def install_through_slack(slack: FakeSlack, store: DatabaseInstallationStore, team_id: str, team_name: str,
@@ -225,7 +252,7 @@ class CountingStore(DatabaseInstallationStore):
 async def test_a_workspace_s_token_is_remembered_for_a_while_and_looked_up_again_when_refused(
         store: DatabaseInstallationStore) -> None:
     clock = ManualClock()
-    counting = CountingStore(store.store.engine, FAKE_CLIENT_ID)
+    counting = CountingStore(store.store.engine, FAKE_CLIENT_ID, TokenCipher([SECRET_KEY]))
     with FakeSlack() as slack:
         first = await install_through_slack(slack, store, SECOND_TEAM, SECOND_NAME,
                                             dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc))

@@ -163,6 +163,26 @@ def test_the_health_ports_compose_reads_are_settings_with_the_same_defaults() ->
         pytest.skip(f"health ports not (yet) in config/settings.py: {not_yet_settings}")
 
 
+def test_the_deepthread_services_opt_into_every_address_so_the_compose_network_reaches_them() -> None:
+    from config import load_settings
+
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    environment = compose["x-deepthread"]["environment"]
+    # The code's default is loopback; Compose opts in, so Prometheus reaches worker:9450 and discord:9451 and the
+    # published Slack port reaches the app (the containers' own health probes dial 127.0.0.1 either way).
+    assert load_settings().http_bind_address == "127.0.0.1"
+    assert load_settings(http_bind_address=environment["HTTP_BIND_ADDRESS"]).http_bind_address == "0.0.0.0"
+    for name, service in compose["services"].items():
+        if "build" in service:
+            assert service["environment"]["HTTP_BIND_ADDRESS"] == "0.0.0.0", name
+            assert "--host" not in service["command"], f"service {name} overrides HTTP_BIND_ADDRESS"
+
+
+def test_the_published_slack_port_serves_no_metrics_unless_the_env_file_asks() -> None:
+    slack = compose_services()["slack"]
+    assert slack["ports"] and "SLACK_SERVE_METRICS" not in slack["environment"]
+
+
 def test_flower_is_optional_behind_its_profile_and_watches_the_compose_broker() -> None:
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     flower = compose["services"]["flower"]

@@ -164,16 +164,24 @@ def test_a_taken_port_is_logged_and_the_process_goes_on(caplog: pytest.LogCaptur
     assert "WORKER_HTTP_PORT" in caplog.text
 
 
-def test_the_slack_app_answers_healthz_from_its_checks_and_serves_metrics(registry: CollectorRegistry) -> None:
+def test_the_slack_app_answers_healthz_from_its_checks_and_serves_metrics_when_asked(
+        registry: CollectorRegistry) -> None:
     health = HealthChecker({"database": healthy, "redis": healthy,
                             "worker_heartbeat": failing_with("no worker heartbeat in the last 60 s")})
-    with TestClient(build_http_app(None, health=health, registry=registry)) as client:
+    with TestClient(build_http_app(None, health=health, registry=registry, serve_metrics=True)) as client:
         health_response = client.get("/healthz")
         metrics_response = client.get("/metrics")
     assert health_response.status_code == 503 and health_response.json()["failing"] == ["worker_heartbeat"]
     assert json.loads(health_response.text)["parts"]["worker_heartbeat"] == "no worker heartbeat in the last 60 s"
     names = {family.name for family in text_string_to_metric_families(metrics_response.text)}
     assert "deepthread_probe" in names
+
+
+def test_the_slack_app_keeps_metrics_off_its_public_port_by_default(registry: CollectorRegistry) -> None:
+    with TestClient(build_http_app(None, health=HealthChecker({"database": healthy}), registry=registry)) as client:
+        assert client.get("/healthz").status_code == 200
+        metrics_response = client.get("/metrics")
+    assert metrics_response.status_code == 404 and "deepthread_probe" not in metrics_response.text
 
 
 def test_the_slack_app_without_checks_answers_liveness() -> None:
