@@ -324,34 +324,49 @@ def export(
 
 @app.command()
 def prune(
-    older_than: str = typer.Option(..., "--older-than", help="Age of the runs to delete: 90d, 12h, 2w, 30m.",
-                                   metavar="AGE"),
+    older_than: str | None = typer.Option(None, "--older-than", help="Age of the runs to delete: 90d, 12h, 2w, 30m.",
+                                          metavar="AGE"),
+    workspace: str | None = typer.Option(None, "--workspace", metavar="ID",
+                                         help="Delete everything stored of this workspace (a Slack team or Discord "
+                                              "server id) instead: its threads, messages and runs."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Only count what would be deleted."),
 ) -> None:
-    """Delete finished runs older than AGE with everything they gathered, and threads left with no run."""
+    """Delete finished runs older than AGE with everything they gathered, old messages and threads left with no run;
+    or, with --workspace, everything stored of one workspace."""
     import datetime as dt
 
-    from storage.retention import count_prunable, parse_age
+    from storage.retention import count_prunable, count_workspace, forget_workspace, parse_age
     from storage.retention import prune as prune_runs
 
-    try:
-        age = parse_age(older_than)
-    except ValueError as error:
-        typer.echo(f"--older-than: {error}.", err=True)
-        raise typer.Exit(code=2) from None
-    settings = settings_or_exit()
-    sessions = _database(settings)
-    cutoff = dt.datetime.now(dt.timezone.utc) - age
-    counts = count_prunable(sessions, cutoff) if dry_run else prune_runs(sessions, cutoff)
+    if (older_than is None) == (workspace is None):
+        typer.echo("Give --older-than AGE or --workspace ID (one of them).", err=True)
+        raise typer.Exit(code=2)
 
     def amount(count: int, noun: str) -> str:
         return f"{count:,} {noun}{'' if count == 1 else 's'}"
 
-    typer.echo(f"{'Would delete' if dry_run else 'Deleted'} {amount(counts.runs, 'run')} created before "
+    verb = "Would delete" if dry_run else "Deleted"
+    if workspace is not None:
+        sessions = _database(settings_or_exit())
+        counts = count_workspace(sessions, workspace) if dry_run else forget_workspace(sessions, workspace)
+        typer.echo(f"{verb} everything stored of workspace {workspace}: "
+                   f"{amount(counts.conversations, 'conversation')}, with {amount(counts.messages, 'message')} and {amount(counts.runs, 'run')} (with "
+                   f"{amount(counts.sources, 'source')}, {amount(counts.passages, 'passage')}, "
+                   f"{amount(counts.citations, 'citation')} and {amount(counts.events, 'event')}).")
+        return
+    try:
+        age = parse_age(older_than or "")
+    except ValueError as error:
+        typer.echo(f"--older-than: {error}.", err=True)
+        raise typer.Exit(code=2) from None
+    sessions = _database(settings_or_exit())
+    cutoff = dt.datetime.now(dt.timezone.utc) - age
+    counts = count_prunable(sessions, cutoff) if dry_run else prune_runs(sessions, cutoff)
+    typer.echo(f"{verb} {amount(counts.runs, 'run')} created before "
                f"{cutoff:%Y-%m-%d %H:%M} UTC, with {amount(counts.sources, 'source')}, "
                f"{amount(counts.passages, 'passage')}, {amount(counts.citations, 'citation')} and "
-               f"{amount(counts.events, 'event')}; {amount(counts.conversations, 'conversation')} left with no run, "
-               f"with {amount(counts.messages, 'message')}.")
+               f"{amount(counts.events, 'event')}; {amount(counts.conversations, 'conversation')} left with no run "
+               f"and {amount(counts.messages, 'message')} (theirs, and the older ones of other threads).")
 
 
 def _require_llm(settings: Settings) -> None:

@@ -123,8 +123,11 @@ class Settings(BaseSettings):
     max_runs_per_user: int = Field(default=1, gt=0)
     max_runs_per_workspace: int = Field(default=10, gt=0)
     max_queued_per_user: int = Field(default=3, gt=0)
+    # Runs one workspace may have waiting, whoever asked; 0 is off. On by default, like the daily run quota, so that
+    # spend has a ceiling out of the box.
+    max_queued_per_workspace: int = Field(default=20, ge=0)
     # Daily quotas (UTC day, counted in SQL): runs a person may start, LLM cost in USD a workspace may spend; 0 is off.
-    daily_runs_per_user: int = Field(default=0, ge=0)
+    daily_runs_per_user: int = Field(default=50, ge=0)
     daily_cost_per_workspace: float = Field(default=0.0, ge=0)
     admin_user_ids: CommaList = Field(default_factory=list)
 
@@ -168,7 +171,7 @@ class Settings(BaseSettings):
     def _split_commas(cls, value: Any) -> list[str]:
         return _comma_list(value)
 
-    @field_validator("daily_runs_per_user", "daily_cost_per_workspace", mode="before")
+    @field_validator("daily_runs_per_user", "daily_cost_per_workspace", "max_queued_per_workspace", mode="before")
     @classmethod
     def _blank_quota_is_off(cls, value: Any) -> Any:
         return 0 if value is None or (isinstance(value, str) and not value.strip()) else value

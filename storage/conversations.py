@@ -99,11 +99,13 @@ class ThreadBusy(Exception):
 
 
 class QueueFull(Exception):
-    """The requester already has `waiting` runs waiting in the queue, as many as a new run may find."""
+    """The requester (`scope` "user") or the run's workspace ("workspace") already has `waiting` runs waiting in the
+    queue, as many as a new run may find."""
 
-    def __init__(self, waiting: int) -> None:
-        super().__init__(f"{waiting} runs waiting")
+    def __init__(self, waiting: int, scope: Literal["user", "workspace"] = "user") -> None:
+        super().__init__(f"{waiting} runs waiting in the {scope}'s queue")
         self.waiting = waiting
+        self.scope = scope
 
 
 class RunRow(NamedTuple):
@@ -195,6 +197,12 @@ def waiting_runs_of(sessions: Sessions, user: str) -> int:
         return session.scalar(select(func.count()).select_from(Run).where(Run.requested_by == user, waiting())) or 0
 
 
+def waiting_runs_in_workspace(sessions: Sessions, workspace: str) -> int:
+    """How many runs of `workspace` wait in the queue, not admitted yet, whoever asked for them."""
+    with sessions() as session:
+        return session.scalar(select(func.count()).select_from(Run).where(Run.workspace == workspace, waiting())) or 0
+
+
 def daily_quota_reached(sessions: Sessions, quotas: DailyQuotas, *, user: str, workspace: str,
                         now: dt.datetime) -> QuotaReached | None:
     """The first daily limit a new run by `user` in `workspace` would break at `now`, or None (no query when off)."""
@@ -204,16 +212,25 @@ def daily_quota_reached(sessions: Sessions, quotas: DailyQuotas, *, user: str, w
         return quota_reached(session, quotas, user=user, workspace=workspace, now=now)
 
 
-def store_run(sessions: Sessions, new: NewRun, *, max_waiting: int | None = None) -> int:
+def store_run(sessions: Sessions, new: NewRun, *, max_waiting: int | None = None,
+              max_waiting_in_workspace: int | None = None) -> int:
     """Store the run (and its conversation, the thread's history and the question as messages); returns its id.
 
     With `max_waiting`, the requester's waiting runs are counted in the same transaction, one new run of theirs
     at a time, and QueueFull is raised when they already have that many: a burst of commands cannot slip past
-    the queue cap between the count and the insert. Raises ThreadBusy when another run of the thread went in
-    flight meanwhile.
+    the queue cap between the count and the insert. `max_waiting_in_workspace` (None or 0: no cap) does the same
+    for every waiting run of the workspace. Raises ThreadBusy when another run of the thread went in flight
+    meanwhile.
     """
     try:
         with sessions.begin() as session:
+            if max_waiting_in_workspace:
+                # Taken before the requester's lock, always in this order, so two stores cannot wait for each other.
+                _one_new_run_at_a_time(session, f"workspace:{new.key.workspace}")
+                waiting_in_workspace = session.scalar(select(func.count()).select_from(Run).where(
+                    Run.workspace == new.key.workspace, waiting())) or 0
+                if waiting_in_workspace >= max_waiting_in_workspace:
+                    raise QueueFull(waiting_in_workspace, "workspace")
             if max_waiting is not None:
                 _one_new_run_at_a_time(session, new.requested_by)
                 waiting_now = session.scalar(select(func.count()).select_from(Run).where(
@@ -242,14 +259,15 @@ def store_run(sessions: Sessions, new: NewRun, *, max_waiting: int | None = None
         raise ThreadBusy(new.key.thread) from error
 
 
-def _one_new_run_at_a_time(session: Session, requester: str) -> None:
-    """Hold, until the transaction ends, a lock that any other transaction storing a run of `requester` waits for.
+def _one_new_run_at_a_time(session: Session, holder: str) -> None:
+    """Hold, until the transaction ends, a lock that any other transaction storing a run of `holder` (a requester,
+    or `workspace:ID`) waits for.
 
-    PostgreSQL: a transaction-scoped advisory lock keyed by the requester. SQLite: the database's one write lock
+    PostgreSQL: a transaction-scoped advisory lock keyed by the holder. SQLite: the database's one write lock
     (`storage.db.hold_write_lock`; SQLite admits one writer at a time anyway, at the insert that follows).
     """
     if session.get_bind().dialect.name == "postgresql":
-        key = int.from_bytes(hashlib.blake2b(requester.encode("utf-8"), digest_size=8).digest(), "big", signed=True)
+        key = int.from_bytes(hashlib.blake2b(holder.encode("utf-8"), digest_size=8).digest(), "big", signed=True)
         session.execute(select(func.pg_advisory_xact_lock(key)))
     else:
         hold_write_lock(session, Run.id)
@@ -323,6 +341,7 @@ aload_run = off_loop(load_run)
 arun_by_status_message = off_loop(run_by_status_message)
 ain_flight_run_started_by = off_loop(in_flight_run_started_by)
 awaiting_runs_of = off_loop(waiting_runs_of)
+awaiting_runs_in_workspace = off_loop(waiting_runs_in_workspace)
 adaily_quota_reached = off_loop(daily_quota_reached)
 astore_run = off_loop(store_run)
 astore_status_message = off_loop(store_status_message)

@@ -1,9 +1,17 @@
-"""Retention: delete finished runs older than a cutoff with everything they own, in batches, on SQLite and PostgreSQL.
+"""Retention: delete finished runs older than a cutoff with everything they own, in batches, on SQLite and PostgreSQL;
+and forget a whole workspace.
 
 A run goes when it is in a final state, was created before the cutoff, has no delivery retry
 waiting and no live lease (a delivery in progress). Its sources, passages, citations and events go
 with it; a conversation created before the cutoff that has no run left goes too, with its messages.
-Each batch is one transaction, so a long prune never holds the database for long.
+A message written before the cutoff goes even while its thread lives on with newer runs (the bot
+keeps every reply of a thread it answers in, also from people who never asked it anything), unless
+a run of its thread is in flight and may still read it as history.
+
+`forget_workspace` deletes every conversation of a workspace with its messages and runs (in flight
+or not: a worker still running one finds it gone and stores nothing), for an uninstall or
+`deepthread prune --workspace`. Each batch is one transaction, so a long prune never holds the
+database for long.
 """
 
 from __future__ import annotations
@@ -16,9 +24,9 @@ from pydantic import BaseModel
 from sqlalchemy import ColumnElement, Select, and_, delete, exists, func, not_, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from storage.db import changed_rows, database_now
+from storage.db import changed_rows, database_now, off_loop
 from storage.models import Citation, Conversation, Event, Message, Passage, Run, Source
-from storage.vocabulary import TERMINAL_STATES
+from storage.vocabulary import ACTIVE_STATES, TERMINAL_STATES
 
 RUNS_PER_BATCH = 500
 # Children before parents: citations point at passages, passages at sources.
@@ -62,6 +70,13 @@ def _runless_conversations(cutoff: dt.datetime, keeping: ColumnElement[bool] | N
     return select(Conversation.id).where(Conversation.created_at < cutoff, not_(exists(runs_kept)))
 
 
+def _old_message(cutoff: dt.datetime) -> ColumnElement[bool]:
+    """A message written before the cutoff in a thread with no run in flight (which may still read it as history)."""
+    in_flight = select(Run.id).where(Run.conversation_id == Message.conversation_id,
+                                     Run.state.in_(sorted(ACTIVE_STATES)))
+    return and_(Message.created_at < cutoff, not_(exists(in_flight)))
+
+
 def _count(session: Session, model: Any, column: Any, ids: Select[Any]) -> int:
     return session.scalar(select(func.count()).select_from(model).where(column.in_(ids))) or 0
 
@@ -72,11 +87,13 @@ def count_prunable(sessions: sessionmaker[Session], cutoff: dt.datetime) -> Prun
         prunable = _prunable(cutoff, database_now(session))
         runs = select(Run.id).where(prunable)
         conversations = _runless_conversations(cutoff, keeping=not_(prunable))
+        messages = select(func.count()).select_from(Message).where(
+            or_(Message.conversation_id.in_(conversations), _old_message(cutoff)))
         return PruneCounts(
             runs=_count(session, Run, Run.id, runs),
             **{model.__tablename__: _count(session, model, model.run_id, runs) for model in RUN_CHILDREN},
             conversations=_count(session, Conversation, Conversation.id, conversations),
-            messages=_count(session, Message, Message.conversation_id, conversations),
+            messages=session.scalar(messages) or 0,
         )
 
 
@@ -90,7 +107,8 @@ def _deleted(session: Session, statement: Any) -> int:
 
 
 def prune(sessions: sessionmaker[Session], cutoff: dt.datetime, *, batch_size: int = RUNS_PER_BATCH) -> PruneCounts:
-    """Delete the finished runs created before `cutoff` with what they own, then the conversations left without runs."""
+    """Delete the finished runs created before `cutoff` with what they own, then the conversations left without runs,
+    then the messages written before `cutoff` in the threads that remain (but those with a run in flight)."""
     counts = PruneCounts()
     while True:
         with sessions.begin() as session:
@@ -116,4 +134,56 @@ def prune(sessions: sessionmaker[Session], cutoff: dt.datetime, *, batch_size: i
                 Conversation.id.in_(conversation_ids),
                 not_(exists(select(Run.id).where(Run.conversation_id == Conversation.id)))))
             counts.batches += 1
+    while True:
+        with sessions.begin() as session:
+            query = select(Message.id).where(_old_message(cutoff)).order_by(Message.id).limit(batch_size)
+            message_ids = list(session.scalars(_locked(session, query)))
+            if not message_ids:
+                break
+            # Checked again as it deletes: a run of the thread may have gone in flight since the read.
+            counts.messages += _deleted(session, delete(Message).where(Message.id.in_(message_ids),
+                                                                       _old_message(cutoff)))
+            counts.batches += 1
     return counts
+
+
+def _of_workspace(workspace: str, platform: str | None) -> ColumnElement[bool]:
+    return and_(Conversation.workspace == workspace, *([] if platform is None else [Conversation.platform == platform]))
+
+
+def count_workspace(sessions: sessionmaker[Session], workspace: str, *, platform: str | None = None) -> PruneCounts:
+    """What `forget_workspace(sessions, workspace, platform=platform)` would delete now, without deleting anything."""
+    with sessions() as session:
+        conversations = select(Conversation.id).where(_of_workspace(workspace, platform))
+        runs = select(Run.id).where(Run.conversation_id.in_(conversations))
+        return PruneCounts(
+            runs=_count(session, Run, Run.id, runs),
+            **{model.__tablename__: _count(session, model, model.run_id, runs) for model in RUN_CHILDREN},
+            conversations=_count(session, Conversation, Conversation.id, conversations),
+            messages=_count(session, Message, Message.conversation_id, conversations),
+        )
+
+
+def forget_workspace(sessions: sessionmaker[Session], workspace: str, *, platform: str | None = None,
+                     batch_size: int = RUNS_PER_BATCH) -> PruneCounts:
+    """Delete every conversation of `workspace` (on `platform`, or on any) with its messages and all its runs, finished
+    or not, with what they gathered (their feedback goes with them, by the database's cascade)."""
+    counts = PruneCounts()
+    while True:
+        with sessions.begin() as session:
+            query = select(Conversation.id).where(_of_workspace(workspace, platform)).order_by(Conversation.id)
+            conversation_ids = list(session.scalars(query.limit(batch_size)))
+            if not conversation_ids:
+                break
+            run_ids = select(Run.id).where(Run.conversation_id.in_(conversation_ids))
+            for model in RUN_CHILDREN:
+                deleted = _deleted(session, delete(model).where(model.run_id.in_(run_ids)))
+                setattr(counts, model.__tablename__, getattr(counts, model.__tablename__) + deleted)
+            counts.runs += _deleted(session, delete(Run).where(Run.conversation_id.in_(conversation_ids)))
+            counts.messages += _deleted(session, delete(Message).where(Message.conversation_id.in_(conversation_ids)))
+            counts.conversations += _deleted(session, delete(Conversation).where(Conversation.id.in_(conversation_ids)))
+            counts.batches += 1
+    return counts
+
+
+aforget_workspace = off_loop(forget_workspace)

@@ -33,6 +33,7 @@ from bot.conversation.rules import (
     busy_reply,
     decide,
     queue_full_reply,
+    workspace_queue_full_reply,
 )
 from bot.conversation.suggestions import PastQuestion, suggested_prompts
 from chat.message import Content, FileUpload, MessageRef, Messenger, Place
@@ -53,10 +54,12 @@ from storage.conversations import (
     astore_status_message,
     athread_view,
     athread_view_of_run,
+    awaiting_runs_in_workspace,
     awaiting_runs_of,
 )
 from storage.db import Sessions
 from storage.models import Run
+from storage.retention import aforget_workspace
 from worker.queue import Queue
 
 __all__ = ["ConversationCore", "CoreSettings", "build_core"]
@@ -75,6 +78,12 @@ class ConversationCore:
         self.renderer = renderer
         self.settings = settings
         self.clock = clock or _now  # the daily quotas' day and reset time
+
+    async def forget_workspace(self, platform: str, workspace: str) -> None:
+        """Delete every thread of `workspace` on `platform` with its messages and runs (the app was removed there)."""
+        forgotten = await aforget_workspace(self.sessions, workspace, platform=platform)
+        logger.info("deleted what was stored of a workspace the app left: %d conversations, %d messages, %d runs",
+                    forgotten.conversations, forgotten.messages, forgotten.runs)
 
     async def handle(self, event: ChatEvent) -> Outcome:
         """What `event` means, done; replies for the adapter to deliver are in the outcome."""
@@ -118,9 +127,11 @@ class ConversationCore:
 
     async def _with_admission(self, event: ChatEvent, view: View) -> View:
         waiting = await awaiting_runs_of(self.sessions, event.user)
+        in_workspace = (await awaiting_runs_in_workspace(self.sessions, event.workspace)
+                        if self.settings.max_queued_per_workspace else 0)
         quota = await adaily_quota_reached(self.sessions, self.settings.daily_quotas, user=event.user,
                                            workspace=event.workspace, now=view.now)
-        return dataclasses.replace(view, waiting_runs=waiting, quota=quota)
+        return dataclasses.replace(view, waiting_runs=waiting, workspace_waiting_runs=in_workspace, quota=quota)
 
     # -- carrying out --------------------------------------------------------------------------------
 
@@ -159,10 +170,12 @@ class ConversationCore:
                      plan=start.plan, message_id=event.message_id, visibility=event.channel_visibility,
                      history=start.history)
         try:
-            run_id = await astore_run(self.sessions, new, max_waiting=self.settings.max_queued_per_user)
+            run_id = await astore_run(self.sessions, new, max_waiting=self.settings.max_queued_per_user,
+                                      max_waiting_in_workspace=self.settings.max_queued_per_workspace)
         except QueueFull as full:
-            # Another command of this person's was stored since their waiting runs were counted for the rules.
-            refusal = queue_full_reply(full.waiting, self.settings)
+            # Another command (of this person's, or in this workspace) was stored since the rules counted.
+            refusal = (workspace_queue_full_reply(full.waiting, self.settings) if full.scope == "workspace"
+                       else queue_full_reply(full.waiting, self.settings))
             if status is not None:  # the thread opened for this run says it did not start
                 await self.messenger.edit(status, self.renderer.notice(f"Not started: {refusal.text}"))
             return Outcome(replies=[refusal], thread=start.thread)

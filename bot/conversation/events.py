@@ -86,3 +86,7 @@ class ConversationHandler(Protocol):
     """The conversation core as an adapter sees it."""
 
     async def handle(self, event: ChatEvent) -> Outcome: ...
+
+    async def forget_workspace(self, platform: str, workspace: str) -> None:
+        """Delete everything stored of a workspace the app was removed from: its threads, messages and runs."""
+        ...

@@ -11,7 +11,8 @@ rules, each with a test in `tests/unit/test_conversation_rules.py`:
 4.  **usage**: a request that cannot run as written (empty, too long, a bad option) gets the usage problem
     privately; nothing starts.
 5.  **own thread**: a command in a channel opens a thread of its own, titled with the mode and question.
-6.  **queue cap**: a person with MAX_QUEUED_PER_USER runs waiting is refused a new one, privately.
+6.  **queue cap**: a person with MAX_QUEUED_PER_USER runs waiting is refused a new one, privately; so is anyone in
+    a workspace with MAX_QUEUED_PER_WORKSPACE runs waiting (when it is not 0).
 7.  **daily quotas**: a run over DAILY_RUNS_PER_USER or DAILY_COST_PER_WORKSPACE is refused, saying when it resets.
 8.  **one in flight**: a new run in a thread with a run queued or running is refused with how to stop that one.
 9.  **joining late**: a mention in a thread deepthread has no conversation in starts one, with the thread's
@@ -63,17 +64,19 @@ NO_VERDICT = "That feedback button sent nothing I understand; please click 👍 
 
 @dataclass(frozen=True)
 class CoreSettings:
-    """The settings the rules read: who may act on any run, which reactions cancel, queue cap and daily quotas."""
+    """The settings the rules read: who may act on any run, which reactions cancel, queue caps and daily quotas."""
 
     admins: frozenset[str] = frozenset()
     cancel_emoji: frozenset[str] = frozenset(setting_default("cancel_emoji"))
     max_queued_per_user: int = setting_default("max_queued_per_user")
+    max_queued_per_workspace: int = setting_default("max_queued_per_workspace")  # 0: off
     daily_quotas: DailyQuotas = DailyQuotas()
 
     @classmethod
     def from_settings(cls, settings: Any) -> CoreSettings:
         return cls(admins=frozenset(settings.admin_user_ids), cancel_emoji=frozenset(settings.cancel_emoji),
                    max_queued_per_user=settings.max_queued_per_user,
+                   max_queued_per_workspace=settings.max_queued_per_workspace,
                    daily_quotas=DailyQuotas(runs_per_user=settings.daily_runs_per_user,
                                             cost_per_workspace=settings.daily_cost_per_workspace))
 
@@ -84,8 +87,8 @@ class View:
 
     `thread`: the conversation in the event's thread (for a message at the top level, the one rooted
     at it), if deepthread has one. `target`: the run a reaction or button is about, and
-    `target_thread` the conversation it lives in. `waiting_runs` and `quota`: what a new run by the
-    event's person would be refused for.
+    `target_thread` the conversation it lives in. `waiting_runs`, `workspace_waiting_runs` and `quota`:
+    what a new run by the event's person would be refused for.
     """
 
     now: dt.datetime
@@ -93,6 +96,7 @@ class View:
     target: Run | None = None
     target_thread: ThreadView | None = None
     waiting_runs: int = 0
+    workspace_waiting_runs: int = 0
     quota: QuotaReached | None = None
 
 
@@ -216,9 +220,11 @@ def _start(event: ChatEvent, view: View, settings: CoreSettings, start: StartRun
 
 
 def refusal_of(event: ChatEvent, view: View, settings: CoreSettings) -> Reply | None:
-    """Why a new run by the event's person is refused (the queue cap, then the daily quotas), else None."""
+    """Why a new run by the event's person is refused (the queue caps, then the daily quotas), else None."""
     if view.waiting_runs >= settings.max_queued_per_user:
         return queue_full_reply(view.waiting_runs, settings)
+    if 0 < settings.max_queued_per_workspace <= view.workspace_waiting_runs:
+        return workspace_queue_full_reply(view.workspace_waiting_runs, settings)
     if view.quota is not None:
         return Reply(private=True, text=quota_refusal_text(view.quota, view.now))
     return None
@@ -229,6 +235,13 @@ def queue_full_reply(waiting_runs: int, settings: CoreSettings) -> Reply:
     return Reply(private=True, text=f"You already have {waiting_runs} runs waiting in the queue (the limit is "
                                     f"{settings.max_queued_per_user}). They start as earlier ones finish; cancel one "
                                     "to ask something new.")
+
+
+def workspace_queue_full_reply(waiting_runs: int, settings: CoreSettings) -> Reply:
+    """The private refusal of a new run in a workspace with `waiting_runs` runs waiting (at or over its cap)."""
+    return Reply(private=True, text=f"This workspace already has {waiting_runs} runs waiting in the queue (the limit "
+                                    f"is {settings.max_queued_per_workspace}). They start as earlier ones finish; "
+                                    "please ask again in a little while.")
 
 
 # -- replies in a thread we own --------------------------------------------------------------------------------------

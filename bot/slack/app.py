@@ -332,11 +332,14 @@ class SlackListeners:
     """What each Slack request does; bolt calls these methods with the arguments their parameter names ask for."""
 
     def __init__(self, core: ConversationHandler, dedupe: EventDeduper, membership: ChannelMembership | None = None,
-                 replay_guard: ReplayGuard | None = None) -> None:
+                 replay_guard: ReplayGuard | None = None,
+                 forget_installation: Callable[[AsyncBoltContext], Awaitable[None]] | None = None) -> None:
         self.core = core
         self.dedupe = dedupe
         self.membership = membership or ChannelMembership()
         self.replay_guard = replay_guard or MemoryReplayGuard()
+        # OAuth installs: deletes the workspace's stored tokens (bot.slack.oauth.InstallationRemoval).
+        self.forget_installation = forget_installation
 
     async def refuse_replayed_requests(self, req: AsyncBoltRequest, body: dict[str, Any],
                                        next_: Callable[[], Awaitable[BoltResponse]]) -> BoltResponse:
@@ -424,6 +427,19 @@ class SlackListeners:
             return
         await self._handle(event, client=client, send_private=ephemeral_sender(client, event, None))
 
+    async def on_app_uninstalled(self, body: dict[str, Any], context: AsyncBoltContext) -> None:
+        """`app_uninstalled`: the workspace's stored tokens (OAuth installs), then everything stored of it: its threads,
+        their messages (also of people who never used the bot) and its runs, whatever became of the tokens."""
+        try:
+            if self.forget_installation is not None:
+                await self.forget_installation(context)
+        finally:
+            workspace = context.team_id or str(body.get("team_id") or "")
+            if workspace:
+                await self.core.forget_workspace(PLATFORM, workspace)
+            else:
+                logger.warning("app_uninstalled named no workspace; its stored threads are kept")
+
     async def _where_the_bot_can_post(self, client: AsyncWebClient, event: ChatEvent, bot_user_id: str | None,
                                       send_private: PrivateSender) -> ChatEvent | None:
         """The event with what Slack says of its channel's visibility, or None (the person told how to invite the bot)
@@ -466,6 +482,7 @@ def build_slack_app(settings: Settings, core: ConversationHandler, *, client: As
 
     With SLACK_CLIENT_ID and SLACK_CLIENT_SECRET the app runs `installs` (on DATABASE_URL unless given): the OAuth
     install flow, each request authorized with its workspace's installed token, uninstalls deleting installations.
+    An uninstall also deletes what is stored of the workspace (`ConversationHandler.forget_workspace`), in either mode.
     """
     problem = missing_adapter_setting(settings)
     if problem is not None:
@@ -481,11 +498,17 @@ def build_slack_app(settings: Settings, core: ConversationHandler, *, client: As
     signing_secret = settings.secret("slack_signing_secret")
     app = AsyncApp(client=client, signing_secret=signing_secret or "", process_before_response=False,
                    ignoring_self_events_enabled=True, name="deepthread", **multi_workspace)
-    register_listeners(app, SlackListeners(core, dedupe, membership, replay_guard))
+    removal = None
     if installs is not None:
-        from bot.slack.oauth import InstallationRemoval, register_installation_removal
+        from bot.slack.oauth import InstallationRemoval
 
-        register_installation_removal(app, InstallationRemoval(installs.store))
+        removal = InstallationRemoval(installs.store)
+    register_listeners(app, SlackListeners(core, dedupe, membership, replay_guard,
+                                           forget_installation=removal.on_app_uninstalled if removal else None))
+    if removal is not None:
+        # `app_uninstalled` is the listeners' own (the tokens, then the workspace's threads and runs): bolt runs only
+        # the first listener an event matches.
+        app.event("tokens_revoked")(removal.on_tokens_revoked)
     return app
 
 
@@ -500,6 +523,7 @@ def register_listeners(app: AsyncApp, listeners: SlackListeners) -> None:
     app.event("app_mention")(listeners.on_mention)
     app.event("message")(listeners.on_message)
     app.event("reaction_added")(listeners.on_reaction)
+    app.event("app_uninstalled")(listeners.on_app_uninstalled)
     for action_id in ACTION_IDS:
         app.action(action_id)(listeners.on_action)
     app.action(FEEDBACK_ACTION_ID)(listeners.on_feedback)

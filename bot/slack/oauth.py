@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from slack_bolt.async_app import AsyncApp, AsyncBoltContext
+from slack_bolt.async_app import AsyncBoltContext
 from slack_bolt.authorization.async_authorize import AsyncInstallationStoreAuthorize
 from slack_bolt.oauth.async_oauth_flow import AsyncOAuthFlow
 from slack_bolt.oauth.async_oauth_settings import AsyncOAuthSettings
@@ -94,9 +94,3 @@ class InstallationRemoval:
         for user_id in tokens.get("oauth") or []:
             await self.store.async_delete_installation(enterprise_id=context.enterprise_id, team_id=context.team_id,
                                                        user_id=user_id)
-
-
-def register_installation_removal(app: AsyncApp, removal: InstallationRemoval) -> None:
-    """Delete installations on `app_uninstalled` and `tokens_revoked`."""
-    app.event("app_uninstalled")(removal.on_app_uninstalled)
-    app.event("tokens_revoked")(removal.on_tokens_revoked)

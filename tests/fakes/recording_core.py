@@ -14,6 +14,7 @@ class RecordingCore:
 
     def __init__(self, answer: Callable[[ChatEvent], Outcome] | None = None) -> None:
         self.events: list[ChatEvent] = []
+        self.forgotten: list[tuple[str, str]] = []  # (platform, workspace) of each forget_workspace
         self.answer = answer or (lambda event: Outcome())
         self.release = threading.Event()
         self.release.set()
@@ -24,6 +25,10 @@ class RecordingCore:
             self.events.append(event)
         await eventually(self.release.is_set, "the test to release the core")
         return self.answer(event)
+
+    async def forget_workspace(self, platform: str, workspace: str) -> None:
+        with self._lock:
+            self.forgotten.append((platform, workspace))
 
     def texts(self) -> list[str]:
         with self._lock:

@@ -95,3 +95,29 @@ def test_a_burst_of_one_persons_runs_stops_at_the_queue_cap(sessions: sessionmak
     # Another person is not held back by Alice's cap.
     other = NewRun(key=ThreadKey("slack", "T1", "C1", "bob.1"), mode="research", question="q", requested_by="bob")
     assert isinstance(store_run(sessions, other, max_waiting=cap), int)
+
+
+def test_a_burst_of_many_peoples_runs_stops_at_the_workspace_queue_cap(sessions: sessionmaker[Session]) -> None:
+    """Twelve people store a run in one workspace at the same moment: the workspace's count and the insert are one
+    step too, so exactly `max_waiting_in_workspace` are stored, and another workspace is not held back."""
+    burst, cap = 12, 5
+    start = threading.Barrier(burst)
+
+    def store(number: int) -> int | QueueFull:
+        new = NewRun(key=ThreadKey("slack", "T1", "C1", f"burst.{number}"), mode="research", question="q",
+                     requested_by=f"slack:U0PERSON{number:02d}")
+        start.wait()
+        try:
+            return store_run(sessions, new, max_waiting=3, max_waiting_in_workspace=cap)
+        except QueueFull as full:
+            return full
+
+    with ThreadPoolExecutor(max_workers=burst) as pool:
+        outcomes = list(pool.map(store, range(burst)))
+    refused = [outcome for outcome in outcomes if isinstance(outcome, QueueFull)]
+    assert len(refused) == burst - cap
+    assert {(full.scope, full.waiting) for full in refused} == {("workspace", cap)}
+    with sessions() as session:
+        assert session.scalar(select(func.count()).select_from(Run)) == cap
+    elsewhere = NewRun(key=ThreadKey("slack", "T2", "C1", "t2.1"), mode="research", question="q", requested_by="carol")
+    assert isinstance(store_run(sessions, elsewhere, max_waiting=3, max_waiting_in_workspace=cap), int)

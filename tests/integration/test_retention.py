@@ -1,4 +1,5 @@
-"""`deepthread prune` and its storage on the migrated schema, on SQLite and on a real PostgreSQL."""
+"""`deepthread prune` (by age, and `--workspace`) and its storage on the migrated schema, on SQLite and on a real
+PostgreSQL."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from typer.testing import CliRunner
 from bot.cli import app
 from storage.db import make_engine, make_session_factory
 from storage.migrate import upgrade
-from storage.models import Citation, Conversation, Event, Message, Passage, Run, Source
-from storage.retention import PruneCounts, count_prunable, parse_age, prune
+from storage.models import Citation, Conversation, Event, Feedback, Message, Passage, Run, Source
+from storage.retention import PruneCounts, count_prunable, count_workspace, forget_workspace, parse_age, prune
 
 pytestmark = pytest.mark.integration
 
@@ -35,10 +36,11 @@ class Threads:
         self.sessions = sessions
         self.count = 0
 
-    def conversation(self, created_at: dt.datetime = OLD, messages: int = 2) -> int:
+    def conversation(self, created_at: dt.datetime = OLD, messages: int = 2, *, workspace: str = "T1",
+                     platform: str = "slack") -> int:
         self.count += 1
         with self.sessions.begin() as session:
-            conversation = Conversation(platform="slack", workspace="T1", channel="C1", thread=f"{self.count}.0",
+            conversation = Conversation(platform=platform, workspace=workspace, channel="C1", thread=f"{self.count}.0",
                                         created_by="slack:U1", created_at=created_at)
             session.add(conversation)
             session.add_all([Message(conversation=conversation, role="user", author="slack:U1", text=f"m{index}",
@@ -46,10 +48,21 @@ class Threads:
             session.flush()
             return conversation.id
 
+    def message(self, conversation_id: int, created_at: dt.datetime, author: str = "slack:U0NEVERASKED") -> int:
+        """A reply in the thread, as the bot stores any reply in a thread it answers in."""
+        with self.sessions.begin() as session:
+            message = Message(conversation_id=conversation_id, role="user", author=author, text="a reply",
+                              created_at=created_at)
+            session.add(message)
+            session.flush()
+            return message.id
+
     def run(self, conversation_id: int, *, created_at: dt.datetime = OLD, state: str = "done", **fields) -> int:
         """A run with 2 sources, 3 passages, 2 citations and 4 events."""
+        with self.sessions() as session:
+            workspace = session.get_one(Conversation, conversation_id).workspace
         with self.sessions.begin() as session:
-            run = Run(conversation_id=conversation_id, workspace="T1", mode="research", question="q", state=state,
+            run = Run(conversation_id=conversation_id, workspace=workspace, mode="research", question="q", state=state,
                       requested_by="slack:U1", created_at=created_at, **fields)
             sources = [Source(run=run, source_id=f"s{index}", url=f"https://example.com/{index}") for index in (1, 2)]
             passages = [Passage(run=run, source=sources[index % 2], passage_id=f"p{index}", text="t", start=0, end=1)
@@ -96,12 +109,16 @@ def test_prune_deletes_old_finished_runs_with_everything_they_own_and_keeps_the_
     recent_thread = threads.conversation(created_at=NOW - dt.timedelta(days=3))
     kept_runs.add(threads.run(recent_thread, created_at=NOW - dt.timedelta(days=3), state="timed_out"))
 
-    expected = PruneCounts(runs=3, sources=6, passages=9, citations=6, events=12, conversations=2, messages=5)
+    # Messages: the 5 of the two runless threads, and the old ones (2 each) of the shared, retrying and delivering
+    # threads; the running thread's stay while its run is in flight, the recent thread's are new.
+    expected = PruneCounts(runs=3, sources=6, passages=9, citations=6, events=12, conversations=2, messages=11)
     assert count_prunable(sessions, CUTOFF) == expected
     assert threads.left(Run) == 8 and threads.left(Citation) == 16, "a dry run deletes nothing"
+    assert threads.left(Message) == 15
 
     counts = prune(sessions, CUTOFF, batch_size=2)
-    assert counts == expected.model_copy(update={"batches": 3})  # two batches of runs, one of conversations
+    # Two batches of runs, one of conversations, three of old messages.
+    assert counts == expected.model_copy(update={"batches": 6})
     assert threads.ids(Run) == kept_runs
     assert threads.ids(Conversation) == {shared_thread, running_thread, retrying_thread, delivering_thread,
                                          recent_thread}
@@ -109,8 +126,7 @@ def test_prune_deletes_old_finished_runs_with_everything_they_own_and_keeps_the_
     with sessions() as session:
         for model in (Source, Passage, Citation, Event):
             assert not set(session.scalars(select(model.run_id).where(model.run_id.in_(gone_runs)))), model.__name__
-        assert session.scalar(select(func.count()).select_from(Message).where(
-            Message.conversation_id == shared_thread)) == 2, "a thread with a run left keeps its messages"
+        assert set(session.scalars(select(Message.conversation_id))) == {running_thread, recent_thread}
     assert threads.left(Source) == 2 * len(kept_runs) and threads.left(Event) == 4 * len(kept_runs)
     assert prune(sessions, CUTOFF) == PruneCounts(), "a second prune finds nothing"
 
@@ -131,9 +147,87 @@ def test_prune_command_counts_on_a_dry_run_then_deletes(tmp_path, monkeypatch: p
 
     done = runner.invoke(app, ["prune", "--older-than", "90d"])
     assert done.exit_code == 0, done.output
-    assert done.output.startswith("Deleted 1 run ") and "1 conversation left with no run, with 2 messages" in done.output
+    assert done.output.startswith("Deleted 1 run ") and "1 conversation left with no run and 2 messages" in done.output
     assert threads.left(Run) == 0 and threads.left(Message) == 0
 
     bad = runner.invoke(app, ["prune", "--older-than", "90 days"])
     assert bad.exit_code == 2 and "not an age such as 90d" in bad.output
+    engine.dispose()
+
+
+def test_prune_deletes_old_messages_of_a_thread_that_lives_on_but_not_while_a_run_of_it_is_in_flight(
+        sessions: sessionmaker[Session]) -> None:
+    threads = Threads(sessions)
+    living = threads.conversation(messages=0)
+    old_reply = threads.message(living, OLD)  # someone who never used the bot, replying in its thread long ago
+    new_reply = threads.message(living, NOW - dt.timedelta(days=1))
+    kept_run = threads.run(living, created_at=NOW - dt.timedelta(days=1))
+    busy = threads.conversation(messages=0)
+    busy_reply = threads.message(busy, OLD)
+    busy_run = threads.run(busy, created_at=NOW - dt.timedelta(minutes=5), state="running")
+
+    assert count_prunable(sessions, CUTOFF) == PruneCounts(messages=1)
+    assert prune(sessions, CUTOFF) == PruneCounts(messages=1, batches=1)
+    assert threads.ids(Message) == {new_reply, busy_reply}, "a thread with a run in flight keeps its history for now"
+    assert old_reply not in threads.ids(Message)
+    assert threads.ids(Run) == {kept_run, busy_run} and threads.ids(Conversation) == {living, busy}
+
+    with sessions.begin() as session:
+        session.get_one(Run, busy_run).state = "done"
+    assert prune(sessions, CUTOFF) == PruneCounts(messages=1, batches=1)
+    assert threads.ids(Message) == {new_reply}
+
+
+def test_forgetting_a_workspace_deletes_its_threads_messages_and_every_run_and_nothing_of_another(
+        sessions: sessionmaker[Session]) -> None:
+    threads = Threads(sessions)
+    gone = threads.conversation(created_at=NOW)
+    threads.message(gone, NOW)
+    finished = threads.run(gone, created_at=NOW)
+    in_flight_thread = threads.conversation(created_at=NOW)
+    threads.run(in_flight_thread, created_at=NOW, state="running", lease_owner="worker-1", lease_until=in_an_hour())
+    threads.run(threads.conversation(created_at=NOW), created_at=NOW, state="queued")
+    with sessions.begin() as session:
+        session.add(Feedback(run_id=finished, user="slack:U1", value=1))
+    other = threads.conversation(workspace="T2")
+    other_run = threads.run(other)
+
+    expected = PruneCounts(runs=3, sources=6, passages=9, citations=6, events=12, conversations=3, messages=7)
+    assert count_workspace(sessions, "T1") == expected
+    assert threads.left(Run) == 4, "counting deletes nothing"
+    assert forget_workspace(sessions, "T1", batch_size=2) == expected.model_copy(update={"batches": 2})
+    assert threads.ids(Conversation) == {other} and threads.ids(Run) == {other_run}
+    assert threads.left(Message) == 2 and threads.left(Feedback) == 0
+    assert threads.left(Source) == 2 and threads.left(Passage) == 3 and threads.left(Citation) == 2
+    assert threads.left(Event) == 4
+    assert forget_workspace(sessions, "T1") == PruneCounts(), "a second time finds nothing"
+    assert forget_workspace(sessions, "T2", platform="discord") == PruneCounts(), "another platform's T2 is not this"
+
+
+def test_prune_command_forgets_one_workspace_and_wants_an_age_or_a_workspace(tmp_path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    url = f"sqlite:///{tmp_path}/deepthread.db"
+    monkeypatch.setenv("DATABASE_URL", url)
+    engine = make_engine(url)
+    upgrade(url, engine=engine)
+    threads = Threads(make_session_factory(engine))
+    threads.run(threads.conversation(created_at=NOW, workspace="T0GONE"), created_at=NOW)
+    kept = threads.run(threads.conversation(created_at=NOW, workspace="T0KEPT"), created_at=NOW)
+    runner = CliRunner()
+
+    dry = runner.invoke(app, ["prune", "--workspace", "T0GONE", "--dry-run"])
+    assert dry.exit_code == 0, dry.output
+    assert dry.output.startswith("Would delete everything stored of workspace T0GONE: 1 conversation, with 2 messages "
+                                 "and 1 run (with 2 sources, 3 passages, 2 citations and 4 events).")
+    assert threads.left(Run) == 2
+
+    done = runner.invoke(app, ["prune", "--workspace", "T0GONE"])
+    assert done.exit_code == 0, done.output
+    assert done.output.startswith("Deleted everything stored of workspace T0GONE: 1 conversation")
+    assert threads.ids(Run) == {kept} and threads.left(Message) == 2
+
+    for arguments in ([], ["--older-than", "90d", "--workspace", "T0KEPT"]):
+        refused = runner.invoke(app, ["prune", *arguments])
+        assert refused.exit_code == 2 and "Give --older-than AGE or --workspace ID" in refused.output, arguments
+    assert threads.ids(Run) == {kept}
     engine.dispose()

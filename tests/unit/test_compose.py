@@ -76,6 +76,21 @@ def test_deepthread_services_read_the_env_file() -> None:
             assert service["env_file"] == ".env", name
 
 
+def test_compose_refuses_to_start_without_a_database_password_and_has_no_default_one() -> None:
+    text = (ROOT / "docker-compose.yml").read_text()
+    compose = yaml.safe_load(text)
+    # `${NAME:?message}` stops Compose with the message when NAME is unset or empty; `${NAME:-x}` or `${NAME-x}`
+    # would fall back to a password anyone can read here.
+    uses = re.findall(r"\$\{POSTGRES_PASSWORD([^}]*)\}", text)
+    required = ":?set POSTGRES_PASSWORD in .env"
+    assert uses and all(use == required for use in uses), uses
+    assert f"${{POSTGRES_PASSWORD{required}}}@postgres:" in compose["x-deepthread"]["environment"]["DATABASE_URL"]
+    assert compose["services"]["postgres"]["environment"]["POSTGRES_PASSWORD"] == f"${{POSTGRES_PASSWORD{required}}}"
+    assert "deepthread@postgres" not in text and ":-deepthread" not in text
+    env_example = (ROOT / ".env.example").read_text().splitlines()
+    assert "POSTGRES_PASSWORD=" in env_example, ".env.example must list POSTGRES_PASSWORD for Compose"
+
+
 def test_env_example_lists_every_setting() -> None:
     from config.settings import Settings
 

@@ -124,6 +124,17 @@ def test_6_a_person_at_the_queue_cap_is_refused() -> None:
     assert isinstance(only(decide(ask, view(waiting_runs=2), SETTINGS)), StartRun)
 
 
+def test_6_a_workspace_at_its_queue_cap_refuses_anyone_a_new_run_unless_the_cap_is_off() -> None:
+    capped = CoreSettings(max_queued_per_user=3, max_queued_per_workspace=20)
+    ask = event(kind="mention", text="q", message_id="5.5")
+    assert private_text(decide(ask, view(workspace_waiting_runs=20), capped)) == (
+        "This workspace already has 20 runs waiting in the queue (the limit is 20). They start as earlier ones "
+        "finish; please ask again in a little while.")
+    assert isinstance(only(decide(ask, view(workspace_waiting_runs=19), capped)), StartRun)
+    off = CoreSettings(max_queued_per_user=3, max_queued_per_workspace=0)
+    assert isinstance(only(decide(ask, view(workspace_waiting_runs=500), off)), StartRun)
+
+
 # 7. daily quotas
 def test_7_a_run_over_a_daily_quota_is_refused_with_its_reset_time() -> None:
     reached = QuotaReached(limit="runs_per_user", used=5, allowed=5, resets_at=NOW + dt.timedelta(hours=6))

@@ -42,7 +42,7 @@ class World:
 
     def __init__(self, sessions: sessionmaker[Session], quotas: DailyQuotas, *, renderer: PlatformRenderer | None = None,
                  now: dt.datetime = EVENING, messenger: RecordingMessenger | None = None, max_queued_per_user: int = 100,
-                 limits: Limits = Limits(per_user=10, per_workspace=10)) -> None:
+                 max_queued_per_workspace: int = 0, limits: Limits = Limits(per_user=10, per_workspace=10)) -> None:
         self.sessions = sessions
         self.now = now
         self.sent: list[int] = []
@@ -50,7 +50,9 @@ class World:
         self.queue = Queue(sessions, fakeredis.FakeRedis(), limits, lambda name, run_id, task_id: self.sent.append(run_id))
         self.core = ConversationCore(sessions=sessions, queue=self.queue, messenger=self.messenger,
                                      renderer=renderer or SlackRenderer(),
-                                     settings=CoreSettings(max_queued_per_user=max_queued_per_user, daily_quotas=quotas),
+                                     settings=CoreSettings(max_queued_per_user=max_queued_per_user,
+                                                           max_queued_per_workspace=max_queued_per_workspace,
+                                                           daily_quotas=quotas),
                                      clock=lambda: self.now)
         self._threads = 0
 
@@ -84,11 +86,14 @@ def this_morning(hour: int = 9) -> dt.datetime:
     return EVENING.replace(hour=hour, minute=0)
 
 
-def test_quotas_are_off_by_default_and_blank_means_off() -> None:
-    assert CoreSettings.from_settings(load_settings()).daily_quotas == DailyQuotas()
-    assert not DailyQuotas().enabled
-    blank = load_settings(daily_runs_per_user="", daily_cost_per_workspace=" ")
-    assert (blank.daily_runs_per_user, blank.daily_cost_per_workspace) == (0, 0.0)
+def test_the_shipped_defaults_cap_runs_per_person_and_runs_waiting_per_workspace_and_blank_means_off() -> None:
+    shipped = CoreSettings.from_settings(load_settings())
+    assert shipped.daily_quotas == DailyQuotas() == DailyQuotas(runs_per_user=50, cost_per_workspace=0)
+    assert DailyQuotas().enabled
+    assert shipped.max_queued_per_workspace == CoreSettings().max_queued_per_workspace == 20
+    blank = load_settings(daily_runs_per_user="", daily_cost_per_workspace=" ", max_queued_per_workspace="")
+    assert (blank.daily_runs_per_user, blank.daily_cost_per_workspace, blank.max_queued_per_workspace) == (0, 0.0, 0)
+    assert not CoreSettings.from_settings(blank).daily_quotas.enabled
     chosen = CoreSettings.from_settings(load_settings(daily_runs_per_user="20", daily_cost_per_workspace="5.5"))
     assert chosen.daily_quotas == DailyQuotas(runs_per_user=20, cost_per_workspace=5.5)
 
@@ -229,4 +234,40 @@ def test_a_burst_of_commands_from_one_person_stops_at_the_queue_cap_and_each_is_
         assert outcome.replies[0].text.startswith("You already have 3 runs waiting in the queue (the limit is 3).")
     not_started = [content.text for _, content in world.messenger.edits if content.text.startswith("Not started:")]
     assert len(not_started) == 3
+    engine.dispose()
+
+
+def test_a_workspace_at_its_queue_cap_refuses_a_new_run_from_anyone_in_plain_words(session_factory) -> None:
+    world = World(session_factory, DailyQuotas(), max_queued_per_workspace=2,
+                  limits=Limits(per_user=0, per_workspace=0))
+    assert world.research(user=ALICE).run_id is not None and world.research(user=BOB).run_id is not None
+    refused = world.research(user="slack:U0CAROL01")
+    assert refused.run_id is None and [reply.private for reply in refused.replies] == [True]
+    assert refused.replies[0].text == ("This workspace already has 2 runs waiting in the queue (the limit is 2). "
+                                       "They start as earlier ones finish; please ask again in a little while.")
+    assert world.runs() == 2
+    assert world.research(user="slack:U0CAROL01", workspace="T2").run_id is not None, "the cap is per workspace"
+
+
+def test_a_burst_of_commands_from_many_people_stops_at_the_workspace_queue_cap(tmp_path) -> None:
+    """Six people's `/research` at once in one workspace, none admitted, a workspace cap of 3: every command counted
+    the workspace's waiting runs before any was stored, so only the count made with the insert holds the cap."""
+    burst = 6
+    engine = make_engine(f"sqlite:///{tmp_path}/deepthread.db")  # a file: the core's threads each take a connection
+    Base.metadata.create_all(engine)
+    world = World(make_session_factory(engine), DailyQuotas(), messenger=ThreadsOpenTogether(burst),
+                  max_queued_per_workspace=3, limits=Limits(per_user=0, per_workspace=0))
+
+    async def commands() -> list[Any]:
+        events = [ChatEvent(platform="slack", workspace="T1", channel="C1", user=f"slack:U0PERSON{number}",
+                            kind="command", command="research", text=f"Question {number}?") for number in range(burst)]
+        return await asyncio.gather(*(world.core.handle(event) for event in events))
+
+    outcomes = asyncio.run(commands())
+    refused = [outcome for outcome in outcomes if outcome.run_id is None]
+    assert world.runs() == 3 and len(refused) == 3
+    for outcome in refused:
+        assert [reply.private for reply in outcome.replies] == [True]
+        assert outcome.replies[0].text.startswith(
+            "This workspace already has 3 runs waiting in the queue (the limit is 3).")
     engine.dispose()
