@@ -73,7 +73,10 @@ class Messenger(Protocol):
 @runtime_checkable
 class AnswerStreaming(Protocol):
     """A messenger that can show an answer as it is written (Slack's streamed messages); a messenger without these
-    methods gets the answer posted whole. Every method raises MessengerError as `Messenger`'s do."""
+    methods gets the answer posted whole. Every method raises MessengerError as `Messenger`'s do.
+
+    The text is the model's own, not yet audited: the messenger shows it so that nothing in it pings anyone or links
+    anywhere, and what it adds never changes what it already showed."""
 
     async def start_stream(self, place: Place, text: str, *, recipient: str) -> MessageRef:
         """Open a message in `place` showing `text`, to grow as more arrives; `recipient` is the platform user who

@@ -58,9 +58,11 @@ class _EveryLink(MarkdownIt):
         return True
 
 
-def _commonmark(parser_class: type[MarkdownIt] = MarkdownIt) -> MarkdownIt:
-    parser = parser_class("commonmark", {"html": False, "xhtmlOut": False})
-    parser.enable(["table", "strikethrough"]).disable("code")
+def _commonmark(parser_class: type[MarkdownIt] = MarkdownIt, *, as_html_readers: bool = False) -> MarkdownIt:
+    parser = parser_class("commonmark", {"html": as_html_readers, "xhtmlOut": False})
+    parser.enable(["table", "strikethrough"])
+    if not as_html_readers:
+        parser.disable("code")
     parser.inline.ruler.at("link", _noting_spans(link_rule, "link_open", 0))
     parser.inline.ruler.at("image", _noting_spans(image_rule, "image", 1))
     parser.inline.ruler.at("autolink", _noting_spans(autolink_rule, "link_open", None))
@@ -71,6 +73,10 @@ def _commonmark(parser_class: type[MarkdownIt] = MarkdownIt) -> MarkdownIt:
 MARKDOWN = _commonmark()
 # The same, for what must find every link another Markdown reader (Slack's, Discord's) might follow.
 EVERY_LINK = _commonmark(_EveryLink)
+# Every link as a reader that reads raw HTML and indented code reads it (rich in the terminal, most viewers of a .md
+# file): an HTML tag can hide a `]` from the label it ends, and an indented line can end a code span early.
+EVERY_LINK_AS_HTML_READERS = _commonmark(_EveryLink, as_html_readers=True)
+LINK_READERS = (EVERY_LINK, EVERY_LINK_AS_HTML_READERS)
 # The conversation core's neutral markup (chat.render): `**bold**` and `code`; a lone `*` or `_` stays as typed.
 NEUTRAL_MARKUP = MarkdownIt("zero").enable(["backticks", "emphasis"])
 

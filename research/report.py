@@ -18,6 +18,7 @@ from markdown_it.utils import EnvType, OptionsDict
 
 from research.markdown import (
     EVERY_LINK,
+    LINK_READERS,
     MARKDOWN,
     Document,
     definitions,
@@ -148,17 +149,23 @@ def only_source_links(markdown: str, source_urls: list[str]) -> str:
 
     Every link markdown-it-py reads counts, whatever its target: inline or reference-style, brackets nested or
     escaped in its label, a label across lines, an image; a reference definition to anywhere else is made text, and a
-    table row is also read as one line of text, as a platform without tables (Discord) shows it.
+    table row is also read as one line of text, as a platform without tables (Discord) shows it. The text is read as
+    deepthread reads Markdown and as a reader of raw HTML and indented code does (`LINK_READERS`).
     """
     allowed = {_comparable_url(url) for url in source_urls if url}
     allowed |= {_comparable_url(MARKDOWN.normalizeLink(url.strip())) for url in source_urls if url}
+    # How the renderers write a source's address in a link: its parentheses encoded.
+    allowed |= {_comparable_url(url.replace("(", "%28").replace(")", "%29")) for url in allowed}
     for attempt in range(_LINK_PASSES):
         # A label made text may close brackets around it into another link: read again until none is left.
-        document = read(markdown, EVERY_LINK)
-        edits = _unlisted_link_edits(document, allowed, bluntly=attempt == _LINK_PASSES - 1)
-        if not edits:
+        for reader in LINK_READERS:
+            document = read(markdown, reader)
+            edits = _unlisted_link_edits(document, allowed, bluntly=attempt == _LINK_PASSES - 1)
+            if edits:
+                markdown = replaced(document.source, edits)
+                break
+        else:
             return markdown
-        markdown = replaced(document.source, edits)
     return markdown
 
 
@@ -346,9 +353,19 @@ def _body_without_duplicate_title(report: Report) -> tuple[bool, str]:
 
 # --- Markdown ------------------------------------------------------------------------------------
 
+_LINK_MARKUP = re.compile(r"([\\\[\]<])")
+
+
+def _as_markdown_text(text: str) -> str:
+    """Plain text (a page's title, the model's) for Markdown, its backslashes, brackets and `<` escaped: a title shows
+    as written and starts no link."""
+    return _LINK_MARKUP.sub(r"\\\1", text)
+
+
 def _markdown_source_line(source: ReportSource) -> str:
-    title = _single_line(source.title) or source.url
-    line = f"[{source.number}] {title} — {source.url}" if source.url else f"[{source.number}] {title}"
+    title = _as_markdown_text(_single_line(source.title) or source.url)
+    url = _as_markdown_text(source.url)
+    line = f"[{source.number}] {title} — {url}" if source.url else f"[{source.number}] {title}"
     return f"{line} ({SNIPPET_LABEL})" if source.snippet_only else line
 
 
@@ -357,13 +374,13 @@ def render_markdown(report: Report) -> str:
     has_own_title, body = _body_without_duplicate_title(report)
     sections: list[str] = []
     if not has_own_title:
-        sections.append(f"# {_single_line(report.title)}")
+        sections.append(f"# {_as_markdown_text(_single_line(report.title))}")
     if body:
         sections.append(body)
     if report.sources:
         # Two trailing spaces make a hard line break, so each source stays on its own line everywhere.
         sections.append("## Sources\n\n" + "  \n".join(_markdown_source_line(source) for source in report.sources))
-    sections.append("---\n\n" + "  \n".join(footer_lines(report)))
+    sections.append("---\n\n" + "  \n".join(_as_markdown_text(line) for line in footer_lines(report)))
     if stopped := stopped_line(report):
         sections.append(stopped)
     return "\n\n".join(sections) + "\n"

@@ -6,6 +6,9 @@ delivery loop. It opens the streamed message at the first words, then sends what
 audited answer replaces it. The streamed message is recorded as the report's first message before anything else is
 posted, so the delivery (and every retry of it) edits that message instead of posting the answer again. A stream that
 fails (expired, refused, rate limited) only stops streaming: the final edit of the same message still delivers.
+
+What the stream hands the messenger is the model's text, unaudited; the messenger sends its safe rendering (no
+mention, no link: a draft has no audited sources), which only ever grows as the text does (issue 24, M3).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from chat.state import RunProgress
 from chat.status import counts_line, format_elapsed
 from chat.text import shortened, single_line
 from research.markdown import NEUTRAL_MARKUP
-from research.report import Report, render_markdown
+from research.report import Report, only_source_links, render_markdown
 from storage.vocabulary import ACTIVE_STATES
 
 MARKS = {"done": "[green]✔[/]", "current": "[yellow]▶[/]", "waiting": "[dim]·[/]", "failed": "[red]✘[/]"}
@@ -99,8 +99,10 @@ class ConsoleRenderer:
         return Content(text=text)
 
     def draft(self, text: str) -> Content:
-        """An answer still being written, shown live below its status: its newest lines that fit the screen."""
-        return Content(text=text, extra={"live": True, "rich": LatestLines(Padding(Markdown(text), (1, 0, 0, 0)))})
+        """An answer still being written, shown live below its status: its newest lines that fit the screen. It has
+        no audited sources yet, so by the link rule every link in it is its label and address as text."""
+        safe = only_source_links(text, [])
+        return Content(text=safe, extra={"live": True, "rich": LatestLines(Padding(Markdown(safe), (1, 0, 0, 0)))})
 
     def reply(self, text: str, *, person: str | None = None) -> Content:
         """A core reply with its `**bold**` and `code` drawn by rich; the person named by their id."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 from typing import Any
+from urllib.parse import unquote
 
 from chat.history import NO_RUNS, RunHistory, RunSummary, history_listing, mode_name
 from chat.message import Content, FileUpload, Place
@@ -172,9 +173,57 @@ def source_line(source: ReportSource) -> str:
     return f"{line} *({SNIPPET_LABEL})*" if source.snippet_only else line
 
 
+# Discord reads `[label](address)` as a link wherever CommonMark does not (a label over a heading's end, brackets
+# that do not balance, inside a `~~~` fence or an unclosed one); a zero-width space between `]` and `(` unmakes it.
+_MASKED_LINK_JOINT = "]("
+_UNMADE_JOINT = "]\u200b("
+
+
+def _masked_link_target(text: str) -> str:
+    """Where a masked link would point whose `](` comes just before `text`, as Discord reads it: after white space
+    and a `<`, up to white space, `>` or the `)` that closes it, backslash escapes undone."""
+    position = 0
+    while position < len(text) and text[position].isspace():
+        position += 1
+    position += text.startswith("<", position)
+    target: list[str] = []
+    depth = 0
+    while position < len(text) and not text[position].isspace() and text[position] != ">":
+        character = text[position]
+        if character == "\\" and position + 1 < len(text) and not text[position + 1].isalnum():
+            position += 1
+            character = text[position]
+        elif character == ")" and depth == 0:
+            break
+        else:
+            depth += {"(": 1, ")": -1}.get(character, 0)
+        target.append(character)
+        position += 1
+    return "".join(target)
+
+
+def _comparable_url(url: str) -> str:
+    return unquote(url).strip().rstrip("/").lower()
+
+
+def only_masked_links_to(text: str, urls: list[str]) -> str:
+    """`text` with every masked link Discord would read that goes to an address (anything with a scheme) other than
+    one of `urls` unmade; code such as `f[0](x)` stays as it is."""
+    allowed = {_comparable_url(url) for url in urls if url}
+    allowed |= {_comparable_url(url.replace("(", "%28").replace(")", "%29")) for url in urls if url}
+    pieces = text.split(_MASKED_LINK_JOINT)
+    kept = [pieces[0]]
+    for piece in pieces[1:]:
+        target = _masked_link_target(piece)
+        goes_elsewhere = (":" in target or target.startswith("/")) and _comparable_url(target) not in allowed
+        kept.append((_UNMADE_JOINT if goes_elsewhere else _MASKED_LINK_JOINT) + piece)
+    return "".join(kept)
+
+
 def report_pieces(report: Report) -> list[str]:
     """The report as Discord Markdown pieces in reading order (title, body, sources, footer), each ≤ 2,000."""
     title, body = title_and_body(report)
+    body = only_masked_links_to(body, [source.url for source in report.sources])
     pieces = split_source(f"# {escape_text(title)}", unchanged, CONTENT_LIMIT)
     for paragraph in markdown_paragraphs(body):
         pieces.extend(paragraph_pieces(paragraph))

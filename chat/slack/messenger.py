@@ -44,7 +44,7 @@ from chat.message import (
     open_thread_under_title,
     uncounted_wait,
 )
-from chat.slack.render import blocks_of
+from chat.slack.render import blocks_of, stream_markdown_characters
 from chat.slack.tasks import TASK_DISPLAY_MODE, stream_chunks, task_list_content
 from chat.slack.thread_status import AssistantThreadStatus
 from chat.tasks import ProgressMode, ProgressTask, TaskList
@@ -177,6 +177,7 @@ class SlackMessenger:
         self.workspaces = workspaces
         self.progress_mode = progress_mode
         self._workspaces_without_streaming: set[str] = set()  # auto: those whose chat.startStream was refused
+        self._streamed: dict[tuple[str, str], str] = {}  # each open answer stream's words so far, as the model wrote them
         self.thread_status = thread_status or AssistantThreadStatus()  # status edits, mirrored in the assistant pane
 
     async def _call(self, workspace: str, call: Callable[[AsyncWebClient], Awaitable[Result]]) -> Result:
@@ -229,24 +230,38 @@ class SlackMessenger:
 
     async def start_stream(self, place: Place, text: str, *, recipient: str) -> MessageRef:
         """Start a streamed reply in `place`'s thread (`chat.startStream`, shown to `recipient` of `place`'s
-        workspace, as Slack requires in channels) showing `text`; raises MessengerError."""
+        workspace, as Slack requires in channels) showing `text` (the model's words, sent as `stream_markdown`:
+        nothing in them pings or links); raises MessengerError."""
+        first, *rest = _stream_pieces(text, after="")
         response = await self._call(place.workspace, lambda client: client.chat_startStream(
-            channel=place.channel, thread_ts=place.thread or "", markdown_text=text,
+            channel=place.channel, thread_ts=place.thread or "", markdown_text=first,
             recipient_user_id=recipient, recipient_team_id=place.workspace,
         ))
-        return MessageRef(platform=self.platform, workspace=place.workspace,
-                          channel=str(response.get("channel") or place.channel), message_id=str(response["ts"]),
-                          thread=place.thread)
+        ref = MessageRef(platform=self.platform, workspace=place.workspace,
+                         channel=str(response.get("channel") or place.channel), message_id=str(response["ts"]),
+                         thread=place.thread)
+        self._streamed[_stream_key(ref)] = ""
+        await self._append_pieces(ref, rest, text)
+        return ref
 
     async def append_stream(self, ref: MessageRef, text: str) -> None:
-        """Add `text` to the streamed reply (`chat.appendStream`, in pieces within Slack's 12,000 characters a call);
-        raises MessengerError, `message_not_in_streaming_state` once Slack has ended the stream."""
-        for piece in split_text(text, STREAM_TEXT_LIMIT) if len(text) > STREAM_TEXT_LIMIT else [text]:
+        """Add `text` to the streamed reply (`chat.appendStream`, as `stream_markdown` in pieces within Slack's 12,000
+        characters a call); raises MessengerError, `message_not_in_streaming_state` once Slack has ended the stream
+        or when this messenger did not start it (what a `[` follows decides how it is escaped)."""
+        streamed = self._streamed.get(_stream_key(ref))
+        if streamed is None:
+            raise MessengerError("message_not_in_streaming_state")
+        await self._append_pieces(ref, _stream_pieces(text, after=streamed), streamed + text)
+
+    async def _append_pieces(self, ref: MessageRef, pieces: list[str], streamed: str) -> None:
+        for piece in pieces:
             await self._call(ref.workspace, lambda client: client.chat_appendStream(
                 channel=ref.channel, ts=ref.message_id, markdown_text=piece))
+        self._streamed[_stream_key(ref)] = streamed
 
     async def stop_stream(self, ref: MessageRef) -> None:
         """End the streamed reply (`chat.stopStream`); raises MessengerError as `append_stream`."""
+        self._streamed.pop(_stream_key(ref), None)
         await self._call(ref.workspace, lambda client: client.chat_stopStream(channel=ref.channel, ts=ref.message_id))
 
     def streams_tasks(self, workspace: str) -> bool:
@@ -336,6 +351,21 @@ class SlackMessenger:
     async def _update(self, ref: MessageRef, text: str, blocks: list[dict[str, Any]]) -> None:
         await self._call(ref.workspace, lambda client: client.chat_update(channel=ref.channel, ts=ref.message_id, text=text,
                                                                         blocks=blocks))
+
+
+def _stream_key(ref: MessageRef) -> tuple[str, str]:
+    return ref.channel, ref.message_id
+
+
+def _stream_pieces(text: str, *, after: str) -> list[str]:
+    """`text` as `stream_markdown` (following `after`), cut into pieces within `STREAM_TEXT_LIMIT` between the
+    renderings of two characters (an escape is never cut in two); one piece at least."""
+    pieces = [""]
+    for rendered in stream_markdown_characters(text, after=after):
+        if len(pieces[-1]) + len(rendered) > STREAM_TEXT_LIMIT:
+            pieces.append("")
+        pieces[-1] += rendered
+    return pieces
 
 
 def _share_ts(data: dict[str, Any], channel: str) -> str | None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from collections.abc import Iterator
 from typing import Any
 
 from config import setting_default
@@ -62,6 +63,7 @@ from research.report import (
     SNIPPET_LABEL,
     Report,
     ReportSource,
+    only_source_links,
     render_markdown,
     safe_http_url,
     stopped_line,
@@ -257,21 +259,46 @@ def _escape_markdown_label(text: str) -> str:
 
 
 def paragraph_to_slack_markdown(paragraph: str) -> str:
-    """One Markdown paragraph for a `markdown` block: `& < >` escaped as entities, only http(s) links kept as links
-    (an autolink becomes its bare address: its `<` `>` would be escaped)."""
+    """One Markdown paragraph for a `markdown` block: `& < >` escaped as entities, only http(s) links kept as links,
+    each written `[label](address)` (an autolink becomes its bare address, and an address in `<>` loses them: their
+    `<` `>` would be escaped)."""
     document = read(paragraph, EVERY_LINK)
     edits: list[tuple[int, int, str]] = []
     for link in links(document):
         url = safe_http_url(link.target)
         if link.span is None or link.label is None:
             continue
+        label = document.source[link.label[0]:link.label[1]]
         if link.kind == "autolink":
             if url is not None:
-                edits.append((link.span[0], link.span[1], document.source[link.label[0]:link.label[1]]))
+                edits.append((link.span[0], link.span[1], label))
         elif url is None:
             # Escaped brackets keep the text as it was written without making it a link.
             edits.extend([(link.label[0] - 1, link.label[0], "\\["), (link.label[1], link.label[1] + 1, "\\]")])
+        else:
+            bang = "!" if link.kind == "image" else ""
+            edits.append((link.span[0], link.span[1], f"{bang}[{label}]({url.replace('(', '%28').replace(')', '%29')})"))
     return escape_text(replaced(document.source, edits) if edits else paragraph)
+
+
+def stream_markdown(text: str, *, after: str = "") -> str:
+    """Streamed Markdown (`markdown_text`) for `text`, the model's words as they come, following `after` (the words
+    already streamed): `& < >` escaped as in a `markdown` block, and every `[` not yet escaped escaped, so that no
+    link, image or reference can form however the text goes on.
+
+    A streamed answer has no audited sources, so none of its links may link; and since a stream cannot take words
+    back, each character is rendered by what came before it alone: the rendering of `after + text` is the rendering
+    of `after` followed by this. Code shows the escapes until the audited answer replaces the stream.
+    """
+    return "".join(stream_markdown_characters(text, after=after))
+
+
+def stream_markdown_characters(text: str, *, after: str = "") -> Iterator[str]:
+    """`stream_markdown(text, after=after)` a character of `text` at a time."""
+    backslashes = len(after) - len(after.rstrip("\\"))
+    for character in text:
+        yield "\\[" if character == "[" and backslashes % 2 == 0 else escape_text(character)
+        backslashes = backslashes + 1 if character == "\\" else 0
 
 
 def _has_code_with_control_characters(markdown: str) -> bool:
@@ -429,7 +456,7 @@ def report_mrkdwn_paragraphs(report: Report) -> list[str]:
 
 
 def report_slack_markdown(report: Report) -> str:
-    """The whole report as escaped Markdown for one `markdown` block."""
+    """The whole report as escaped Markdown for one `markdown` block, linking only to its sources."""
     title, body = title_and_body(report)
     parts = [f"# {escape_text(title)}"]
     parts.extend(paragraph_to_slack_markdown(paragraph) for paragraph in markdown_paragraphs(body))
@@ -438,7 +465,24 @@ def report_slack_markdown(report: Report) -> str:
     parts.append("---\n\n" + "\n\n".join(f"_{escape_text(line)}_" for line in footer_lines(report)))
     if stopped := stopped_line(report):
         parts.append(f"**{escape_text(stopped)}**")
-    return "\n\n".join(parts)
+    return escaped_linking_only_to("\n\n".join(parts), [source.url for source in report.sources])
+
+
+_LINK_RULE_PASSES = 4
+
+
+def escaped_linking_only_to(escaped: str, urls: list[str]) -> str:
+    """Escaped Markdown for a `markdown` block with the link rule applied again, both as it is written and with its
+    `&amp; &lt; &gt;` read as the characters: escaping changes what Markdown reads (`[x]: <a>*` defines no link,
+    `[x]: &lt;a&gt;*` does; `> [x]: a` is a quoted definition, `&gt; [x]: a` is text)."""
+    for _ in range(_LINK_RULE_PASSES):
+        escaped = only_source_links(escaped, urls)
+        decoded = escaped.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+        linked = only_source_links(decoded, urls)
+        if linked == decoded:
+            return escaped
+        escaped = escape_text(linked)
+    return only_source_links(escaped, urls)
 
 
 # --- status --------------------------------------------------------------------------------------
