@@ -13,6 +13,7 @@ truth of what was delivered, exactly once, for a retry by the resume sweep.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import logging
 from collections.abc import Awaitable, Callable
@@ -263,8 +264,12 @@ class RunAttempt:
         """
         delivery = self.delivery
         finished = False
+        # The status message leaves "queued" from the delivery loop as soon as this thread holds the run. Sent from
+        # the engine's side, it waited for the runs loop's turn first: seconds when a thousand runs share that loop.
+        first_edit = (loops.delivery.call(delivery.on_state(self.started.first_progress()))
+                      if delivery is not None else None)
         try:
-            final = loops.runs.run(self._engine_in_worker(loops, cancels, answer_draft, close))
+            final = loops.runs.run(self._engine_in_worker(loops, cancels, answer_draft, close, first_edit))
             if final is not None and delivery is not None:
                 set_run_phase("deliver")
                 loops.delivery.call(delivery.finish(final, report=self.report)).result()
@@ -274,13 +279,21 @@ class RunAttempt:
                 loops.delivery.call(delivery.abandon()).result()
 
     async def _engine_in_worker(self, loops: WorkerLoops, cancels: CancelWatcher,
-                                answer_draft: AnswerDraftWriter | None,
-                                close: Callable[[], Awaitable[None]]) -> RunProgress | None:
+                                answer_draft: AnswerDraftWriter | None, close: Callable[[], Awaitable[None]],
+                                first_edit: concurrent.futures.Future[None] | None) -> RunProgress | None:
         delivery = self.delivery
         cancel = CancelToken()
         on_state: OnState | None = None
         if delivery is not None:
+            unawaited_first = first_edit
+
             async def on_state(progress: RunProgress) -> None:
+                nonlocal unawaited_first
+                if unawaited_first is not None:
+                    # The first state, already on its way from the delivery loop: the engine starts once it is shown.
+                    first, unawaited_first = unawaited_first, None
+                    await asyncio.wrap_future(first)
+                    return
                 await loops.delivery.bridged(delivery.on_state(progress))
 
         answer = delivery.stream_answer(self.run.attempt, loops.delivery.loop) if delivery else answer_draft
