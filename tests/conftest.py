@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine
@@ -50,3 +51,13 @@ def sqlite_engine() -> Iterator[Engine]:
 @pytest.fixture
 def session_factory(sqlite_engine: Engine) -> sessionmaker[Session]:
     return make_session_factory(sqlite_engine)
+
+
+@pytest.fixture
+def file_sessions(tmp_path: Path) -> Iterator[sessionmaker[Session]]:
+    """Sessions on a SQLite file: for tests whose threads each use a connection of their own (the in-memory database
+    is one connection that every thread would share)."""
+    engine = make_engine(f"sqlite:///{tmp_path}/deepthread.db")
+    Base.metadata.create_all(engine)
+    yield make_session_factory(engine)
+    engine.dispose()

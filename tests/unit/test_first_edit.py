@@ -16,8 +16,7 @@ from research.budget import ResearchOptions
 from research.engine import ResearchTools
 from research.llm import LLMClient
 from research.providers import SearchConfig
-from storage.db import make_engine, make_session_factory
-from storage.models import Base, Run
+from storage.models import Run
 from tests.attempts import admitted_run
 from tests.fakes.llm import FakeLLM
 from tests.fakes.messenger import RecordingMessenger
@@ -46,11 +45,8 @@ class SignallingMessenger(RecordingMessenger):
 
 
 @pytest.fixture
-def sessions(tmp_path) -> Iterator[sessionmaker[Session]]:
-    engine = make_engine(f"sqlite:///{tmp_path}/deepthread.db")
-    Base.metadata.create_all(engine)
-    yield make_session_factory(engine)
-    engine.dispose()
+def sessions(file_sessions: sessionmaker[Session]) -> sessionmaker[Session]:
+    return file_sessions
 
 
 @pytest.fixture

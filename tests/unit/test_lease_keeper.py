@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -17,9 +17,8 @@ from research.budget import CancelToken, ResearchOptions
 from research.engine import ResearchTools
 from research.llm import LLMClient
 from research.providers import SearchConfig
-from storage.db import make_engine, make_session_factory
 from storage.leases import HeldLease
-from storage.models import Base, Message, Run
+from storage.models import Message, Run
 from tests.attempts import admitted_run, execute_stored
 from tests.fakes.llm import ChatRequest, FakeLLM, HandlerResult, default_research_model
 from tests.fakes.resolver import DictResolver
@@ -32,11 +31,8 @@ PATIENCE_SECONDS = 20.0
 
 
 @pytest.fixture
-def sessions(tmp_path) -> Iterator[sessionmaker[Session]]:
-    engine = make_engine(f"sqlite:///{tmp_path}/deepthread.db")
-    Base.metadata.create_all(engine)
-    yield make_session_factory(engine)
-    engine.dispose()
+def sessions(file_sessions: sessionmaker[Session]) -> sessionmaker[Session]:
+    return file_sessions
 
 
 def lease_of(sessions: sessionmaker[Session], run_id: int) -> tuple[int, dt.datetime | None]:
