@@ -11,6 +11,7 @@ import redis
 from pydantic import BaseModel
 
 from config import Settings
+from research.models import PROVIDER_ORDER, ProviderName
 from storage.db import reachable_backend
 from storage.redis import connect, resolve_redis_url
 
@@ -96,7 +97,48 @@ def check_llm(settings: Settings, http: httpx.Client) -> list[Check]:
         key_note = "key set" if key else "no key (fine for local servers)"
         checks.append(Check(component="llm endpoint", status="ok",
                             detail=f"{settings.llm_base_url} answers HTTP {response.status_code}; {key_note}", required=True))
+        checks.extend(_check_models(settings, response))
     return checks
+
+
+def listed_models(response: httpx.Response) -> list[str] | None:
+    """The model ids an OpenAI-style `/models` answer lists, or None when it lists none, or the server serves any
+    name it is asked for (llama.cpp's llama-server, whose models are `owned_by` "llamacpp")."""
+    if not response.is_success:
+        return None
+    try:
+        entries = response.json().get("data")
+    except (ValueError, AttributeError):
+        return None
+    if not isinstance(entries, list):
+        return None
+    models = [entry for entry in entries if isinstance(entry, dict) and isinstance(entry.get("id"), str)]
+    if not models or all(entry.get("owned_by") == "llamacpp" for entry in models):
+        return None
+    return [entry["id"] for entry in models]
+
+
+def _is_listed(model: str, listed: list[str]) -> bool:
+    # Ollama answers to a name without a tag as to its ":latest".
+    return model in listed or (":" not in model and f"{model}:latest" in listed)
+
+
+def _check_models(settings: Settings, response: httpx.Response) -> list[Check]:
+    """`llm model`: LLM_MODEL (and LLM_FAST_MODEL) among the models the endpoint lists, when it lists any."""
+    listed = listed_models(response)
+    if listed is None or not settings.llm_model:
+        return []
+    chosen = {"LLM_MODEL": settings.llm_model}
+    if settings.llm_fast_model and settings.llm_fast_model != settings.llm_model:
+        chosen["LLM_FAST_MODEL"] = settings.llm_fast_model
+    unlisted = [f"{variable}={model}" for variable, model in chosen.items() if not _is_listed(model, listed)]
+    if not unlisted:
+        return [Check(component="llm model", status="ok", required=True,
+                      detail=f"{', '.join(chosen.values())} listed by {settings.llm_base_url}/models")]
+    few = ", ".join(listed[:5]) + (f" and {len(listed) - 5} more" if len(listed) > 5 else "")
+    return [Check(component="llm model", status="missing", required=True,
+                  detail=f"{' and '.join(unlisted)} {'is' if len(unlisted) == 1 else 'are'} not among the models "
+                         f"the endpoint lists ({few}): set one of those in .env")]
 
 
 def _probe(http: httpx.Client, url: str, headers: dict[str, str] | None = None) -> str | None:
@@ -108,30 +150,90 @@ def _probe(http: httpx.Client, url: str, headers: dict[str, str] | None = None) 
     return None
 
 
+# What each provider needs before research may ask it (its setting, as named on Settings; DuckDuckGo needs nothing)
+# and the address the doctor probes, judged as research.providers.SearchConfig.is_configured judges it.
+def _provider_needs(settings: Settings) -> dict[ProviderName, tuple[str | None, str]]:
+    return {"tavily": ("tavily_api_key", settings.tavily_base_url), "brave": ("brave_api_key", settings.brave_base_url),
+            "exa": ("exa_api_key", settings.exa_base_url), "searxng": ("searxng_url", settings.searxng_url or ""),
+            "firecrawl": ("firecrawl_api_key", settings.firecrawl_base_url), "duckduckgo": (None, DUCKDUCKGO_URL)}
+
+
+_PROVIDER_NAMES: dict[str, ProviderName] = {name: name for name in PROVIDER_ORDER}
+
+
+def _has(settings: Settings, setting: str | None) -> bool:
+    """Whether `setting` is set (None, DuckDuckGo's: nothing is needed)."""
+    if setting is None:
+        return True
+    value = getattr(settings, setting)
+    return bool(value.get_secret_value() if hasattr(value, "get_secret_value") else value)
+
+
+def searched_providers(settings: Settings) -> list[ProviderName]:
+    """The providers research asks, in its order: SEARCH_PROVIDERS, or for `auto` every configured one in the
+    documented order (as research.providers.SearchConfig.ordered_providers; DuckDuckGo needs nothing)."""
+    if settings.search_providers == ["auto"]:
+        needs = _provider_needs(settings)
+        return [name for name in PROVIDER_ORDER if _has(settings, needs[name][0])]
+    return list(dict.fromkeys(_PROVIDER_NAMES[name] for name in settings.search_providers))
+
+
+def _either(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
 def check_search(settings: Settings, http: httpx.Client) -> list[Check]:
-    keyed = {"tavily": ("tavily_api_key", settings.tavily_base_url),
-             "brave": ("brave_api_key", settings.brave_base_url),
-             "exa": ("exa_api_key", settings.exa_base_url),
-             # Firecrawl is also the scrape fallback for pages the safe fetcher cannot read.
-             "firecrawl": ("firecrawl_api_key", settings.firecrawl_base_url)}
+    """A line per provider, probing only those research asks (SEARCH_PROVIDERS), and Firecrawl when its key makes it
+    the scrape fallback; then `search`, which fails when none of the providers research asks can answer."""
+    needs = _provider_needs(settings)
+    searched = searched_providers(settings)
     checks: list[Check] = []
-    for name, (key_name, base_url) in keyed.items():
-        if not settings.secret(key_name):
-            checks.append(Check(component=f"search: {name}", status="off", detail=f"{key_name.upper()} not set"))
+    answering: list[ProviderName] = []
+    not_set: list[str] = []  # what the providers SEARCH_PROVIDERS lists lack
+    for name in PROVIDER_ORDER:
+        setting, url = needs[name]
+        variable, configured = (setting or "").upper(), _has(settings, setting)
+        if name in searched and not configured:
+            not_set.append(variable)
+            checks.append(Check(component=f"search: {name}", status="missing",
+                                detail=f"in SEARCH_PROVIDERS, but {variable} is not set: research skips it"))
             continue
-        problem = _probe(http, base_url)
+        # Firecrawl with a key reads the pages the safe fetcher cannot, also when research does not search with it.
+        scrape_only = name == "firecrawl" and name not in searched and configured
+        if name not in searched and not scrape_only:
+            why = ("keyless, but not in SEARCH_PROVIDERS" if setting is None else
+                   f"{variable} set, but not in SEARCH_PROVIDERS" if configured else f"{variable} not set")
+            checks.append(Check(component=f"search: {name}", status="off", detail=why))
+            continue
+        problem = _probe(http, url)
+        if problem is None and not scrape_only:
+            answering.append(name)
+        what = "keyless" if setting is None else "key set" if setting.endswith("_key") else "set"
+        if scrape_only:
+            what += ", the scrape fallback only (not in SEARCH_PROVIDERS)"
         checks.append(Check(component=f"search: {name}", status="error" if problem else "ok",
-                            detail=f"key set; {base_url} " + (problem or "reachable")))
-    if settings.searxng_url:
-        problem = _probe(http, settings.searxng_url)
-        checks.append(Check(component="search: searxng", status="error" if problem else "ok",
-                            detail=f"{settings.searxng_url} " + (problem or "reachable")))
-    else:
-        checks.append(Check(component="search: searxng", status="off", detail="SEARXNG_URL not set"))
-    problem = _probe(http, DUCKDUCKGO_URL)
-    checks.append(Check(component="search: duckduckgo", status="error" if problem else "ok",
-                        detail="keyless fallback: " + (f"{DUCKDUCKGO_URL} {problem}" if problem else "reachable")))
+                            detail=f"{what}; {url} " + (problem or "reachable")))
+    checks.append(_search_verdict(settings, searched, answering, not_set))
     return checks
+
+
+def _search_verdict(settings: Settings, searched: list[ProviderName], answering: list[ProviderName],
+                    not_set: list[str]) -> Check:
+    """`search`: ok when a provider research asks answers; else what to set in .env (or to check) so that one does."""
+    if answering:
+        silent = [name for name in searched if name not in answering]
+        return Check(component="search", status="ok", required=True,
+                     detail=f"research searches with {', '.join(answering)}"
+                            + (f" ({', '.join(silent)} cannot answer)" if silent else ""))
+    if not_set:
+        fix = f"set {_either(not_set)} in .env"
+    else:
+        unset = [setting.upper() for setting, _url in _provider_needs(settings).values()
+                 if setting is not None and not _has(settings, setting)]
+        add = "" if settings.search_providers == ["auto"] else " and add that provider to SEARCH_PROVIDERS"
+        fix = f"check the network, or set {_either(unset)} in .env{add}" if unset else "check the network"
+    return Check(component="search", status="missing" if not_set else "error", required=True,
+                 detail=f"no search provider can answer (SEARCH_PROVIDERS={','.join(settings.search_providers)}): {fix}")
 
 
 PlatformCheck = Callable[[Settings, httpx.Client], Check]

@@ -16,6 +16,13 @@ SETTINGS_PREFIXES = ("DATABASE_", "REDIS_", "LLM_", "SEARCH_", "TAVILY_", "BRAVE
                      "RESEARCH_", "CHAT_", "WORKER_", "MAX_RUNS_", "ADMIN_", "SLACK_", "DISCORD_", "CANCEL_", "LOG_", "DATA_DIR")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under xdist, say which tests are still running when none has finished for a minute (tests/quiet_notice.py)."""
+    from tests.quiet_notice import register
+
+    register(config)
+
+
 @pytest.fixture(autouse=True)
 def isolated_environment(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
     """No test reads the developer's settings or `.env`."""

@@ -70,7 +70,7 @@ def test_missing_llm_model_is_reported_and_fails(monkeypatch: pytest.MonkeyPatch
 
 
 def test_missing_api_key_is_fine_for_a_local_server(monkeypatch: pytest.MonkeyPatch) -> None:
-    checks = checks_with(monkeypatch, {"LLM_MODEL": "llama", "LLM_BASE_URL": "http://127.0.0.1:11434/v1"})
+    checks = checks_with(monkeypatch, {"LLM_MODEL": "gpt-test", "LLM_BASE_URL": "http://127.0.0.1:11434/v1"})
     endpoint = next(check for check in checks if check.component == "llm endpoint")
     assert endpoint.status == "ok"
     assert not any(check.failed for check in checks)
@@ -107,6 +107,9 @@ def test_doctor_command_exits_non_zero_when_required_part_is_missing(monkeypatch
     monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:9/0")  # refused at once: no embedded server is started
     monkeypatch.setenv("LLM_BASE_URL", "http://127.0.0.1:9/v1")
     monkeypatch.setenv("LLM_API_KEY", "sk-do-not-print")
+    # Search only where nothing listens, so that the doctor asks nothing beyond this machine.
+    monkeypatch.setenv("SEARCH_PROVIDERS", "searxng")
+    monkeypatch.setenv("SEARXNG_URL", "http://127.0.0.1:9")
     result = CliRunner().invoke(app, ["doctor"])
     assert result.exit_code == 1
     assert "LLM_MODEL is not set" in result.output
@@ -122,7 +125,9 @@ def test_the_keyless_fallback_is_tried_not_assumed(monkeypatch: pytest.MonkeyPat
     reachable = {check.component: check for check in checks_with(monkeypatch, {"LLM_MODEL": "m"})}
     assert reachable["search: duckduckgo"].status == "ok" and "reachable" in reachable["search: duckduckgo"].detail
     down = {check.component: check for check in checks_with(monkeypatch, {"LLM_MODEL": "m"}, offline)}
-    assert down["search: duckduckgo"].status == "error" and not down["search: duckduckgo"].failed
+    assert down["search: duckduckgo"].status == "error"
+    # DuckDuckGo was the only provider research would ask, so nothing can search: the doctor fails on `search`.
+    assert down["search"].failed and "no search provider can answer" in down["search"].detail
 
 
 def test_a_password_inside_a_url_is_never_printed(monkeypatch: pytest.MonkeyPatch) -> None:
