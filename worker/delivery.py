@@ -49,7 +49,7 @@ from storage.deliveries import (
     run_with_events,
 )
 from storage.leases import aclaim_undelivered, ais_current_attempt
-from storage.vocabulary import DeliveredMessage
+from storage.vocabulary import TERMINAL_STATES, DeliveredMessage
 from worker.answer_stream import AnswerStream
 from worker.progress import EditBudget, StatusEditor
 from worker.progress_stream import ProgressStream, finish_progress_message
@@ -183,7 +183,14 @@ class RunDelivery:
 
     async def _status_takes_over(self, progress: RunProgress) -> None:
         """The stream ended early: the status message shows every state again, starting with the latest."""
-        await self.editor.update(self._latest or progress)
+        await self._show_in_status(self._latest or progress)
+
+    async def _show_in_status(self, progress: RunProgress, *, wait_seconds: float = 0.0) -> None:
+        """Hand `progress` to the status editor, unless the run has ended: `finish` shows the final state after the
+        report's last part, so the thread never reads done (its Stop button gone) while the report is still arriving."""
+        if progress.state in TERMINAL_STATES:
+            return
+        await self.editor.update(progress, wait_seconds=wait_seconds)
 
     def _phase_changed(self, progress: RunProgress) -> bool:
         key = (progress.current_phase, progress.state)
@@ -202,7 +209,8 @@ class RunDelivery:
         await self.messenger.edit(self.status_ref, self.renderer.status(progress, now=dt.datetime.now(dt.timezone.utc)))
 
     async def on_state(self, progress: RunProgress) -> None:
-        """Show `progress`; the first state (the attempt has just started) is sent before this returns.
+        """Show `progress`; the first state (the attempt has just started) is sent before this returns, and a final
+        state is left to `finish`.
 
         The engine starts only after the message has left "queued", so the user sees the run
         start at once, not after the engine's first steps have had their turn on the event loop.
@@ -218,7 +226,7 @@ class RunDelivery:
             # While the tasks stream, the status message follows the phase and the run's state only.
             if not self._phase_changed(progress) and not first:
                 return
-        await self.editor.update(progress, wait_seconds=FIRST_EDIT_WAIT_SECONDS if first else 0.0)
+        await self._show_in_status(progress, wait_seconds=FIRST_EDIT_WAIT_SECONDS if first else 0.0)
 
     def stream_answer(self, attempt: int, loop: asyncio.AbstractEventLoop) -> AnswerStream | None:
         """A stream showing this attempt's answer in the thread as it is written, run on `loop` (the delivery's);
@@ -261,10 +269,12 @@ class RunDelivery:
         """The report (if the run has one), then the final status edit, each exactly once; never raises.
 
         The report goes first: posting is not drawn from the workspace's edit budget, so a busy
-        workspace delays only the status message, never the answer. The run is marked delivered only
-        once both went out; a failure is counted and retried later by the sweep (see the module).
-        `report` is the run's stored report as its attempt has it in memory (not read back); the
-        sweep's retries read it from the run's row.
+        workspace delays only the status message, never the answer; and the status reads done only
+        once the report's last part is in the thread, however slowly the platform lets it be posted
+        (`on_state` leaves a final state to this). The run is marked delivered only once both went
+        out; a failure is counted and retried later by the sweep (see the module). `report` is the
+        run's stored report as its attempt has it in memory (not read back); the sweep's retries read
+        it from the run's row.
         """
         try:
             await self.close_answer_stream()

@@ -34,9 +34,11 @@ from bot.discord.events import (
     button_event,
     command_event,
     command_text,
+    comment_event,
     message_event,
     reaction_event,
 )
+from bot.discord.feedback import THANKS, comment_run_id, submitted_comment, what_was_wrong_modal
 from chat.discord.render import DiscordRenderer, thread_name
 from chat.message import Messenger, MessengerError, Place
 from chat.render import PlatformRenderer
@@ -215,7 +217,11 @@ class DiscordBot:
             await send_private("On it." if outcome.run_id is not None else "Done.")
 
     async def on_interaction(self, interaction: discord.Interaction) -> None:
-        """Buttons (Stop, Retry, Continue, Export): acknowledge with a deferred update, then hand the click to the core."""
+        """Buttons (Stop, Retry, Continue, Export, 👍/👎) and the "what was wrong?" modal: acknowledge, then hand the
+        click to the core. Each is known by its custom id alone, so what the bot posted before a restart still works."""
+        if interaction.type is discord.InteractionType.modal_submit:
+            await self._on_comment(interaction)
+            return
         if interaction.type is not discord.InteractionType.component or interaction.message is None:
             return
         data: Mapping[str, object] = interaction.data or {}  # a component's data, which carries its custom_id
@@ -224,8 +230,43 @@ class DiscordBot:
         event = button_event(where, user_id=interaction.user.id, message_id=interaction.message.id, custom_id=custom_id)
         if event is None:
             return
+        if event.action == "feedback":
+            await self._on_feedback(interaction, event)
+            return
         await interaction.response.defer()
         await self._handle(event, self._followup_sender(interaction))
+
+    async def _on_feedback(self, interaction: discord.Interaction, event: ChatEvent) -> None:
+        """👍/👎 under a report, stored through the core. A 👎 opens the "what was wrong?" modal first: a modal can only
+        be an interaction's first answer, and it must come within Discord's 3 s; a 👍 is thanked privately."""
+        send_private = self._followup_sender(interaction)
+        if event.feedback == "bad" and event.action_run_id is not None:
+            try:
+                await interaction.response.send_modal(what_was_wrong_modal(event.action_run_id))
+            except discord.HTTPException as error:  # the 👎 is stored either way; only the chance to say why is lost
+                logger.warning("could not open the feedback modal (%s)", error.status)
+            await self._handle(event, send_private)
+            return
+        await interaction.response.defer(ephemeral=True, thinking=True)
+        outcome = await self._handle(event, send_private)
+        if outcome is not None and not any(reply.private for reply in outcome.replies):
+            await self._say_privately(send_private, THANKS)
+
+    async def _on_comment(self, interaction: discord.Interaction) -> None:
+        """The "what was wrong?" modal submitted: acknowledge privately, store the answer through the core, thank."""
+        data: Mapping[str, object] = interaction.data or {}  # a modal's data: its custom_id and the inputs' values
+        run_id = comment_run_id(str(data.get("custom_id", "")))
+        if run_id is None:
+            return
+        await interaction.response.defer(ephemeral=True, thinking=True)
+        components = data.get("components")
+        where = where_of(interaction.channel, guild_id=interaction.guild_id, channel_id=interaction.channel_id or 0)
+        event = comment_event(where, user_id=interaction.user.id, run_id=run_id,
+                              comment=submitted_comment(components if isinstance(components, list) else []))
+        send_private = self._followup_sender(interaction)
+        outcome = await self._handle(event, send_private)
+        if outcome is not None and not any(reply.private for reply in outcome.replies):
+            await self._say_privately(send_private, THANKS)
 
     # -- gateway events ----------------------------------------------------------------------------
 

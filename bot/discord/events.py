@@ -8,7 +8,14 @@ from typing import Literal
 
 from bot.conversation.events import ChatEvent, Visibility
 from chat.discord.messenger import DIRECT_MESSAGES
-from chat.discord.render import CANCEL_ID, CONTINUE_PREFIX, EXPORT_PREFIX, RETRY_PREFIX
+from chat.discord.render import (
+    CANCEL_ID,
+    CONTINUE_PREFIX,
+    EXPORT_PREFIX,
+    FEEDBACK_LABELS,
+    FEEDBACK_PREFIX,
+    RETRY_PREFIX,
+)
 
 PLATFORM = "discord"
 COMMANDS: tuple[Literal["research", "plan", "ask"], ...] = ("research", "plan", "ask")
@@ -101,6 +108,8 @@ def reaction_event(where: Where, *, user_id: int, message_id: int, emoji: str) -
 
 def button_event(where: Where, *, user_id: int, message_id: int, custom_id: str) -> ChatEvent | None:
     """A click on one of our buttons; None for any other custom id."""
+    if custom_id.startswith(FEEDBACK_PREFIX):
+        return feedback_event(where, user_id=user_id, message_id=message_id, custom_id=custom_id)
     action: ActionName | None = "cancel" if custom_id == CANCEL_ID else None
     run_id: int | None = None
     for prefix, name in BUTTON_ACTIONS:
@@ -115,3 +124,21 @@ def button_event(where: Where, *, user_id: int, message_id: int, custom_id: str)
     return ChatEvent(platform=PLATFORM, workspace=where.workspace, channel=where.channel, thread=where.thread,
                      user=qualified_user(user_id), kind="action", action=action, action_run_id=run_id,
                      message_id=str(message_id))
+
+
+def feedback_event(where: Where, *, user_id: int, message_id: int, custom_id: str) -> ChatEvent | None:
+    """A click on 👍 or 👎 under a report (`deepthread:feedback:good:42`); None for a custom id that says otherwise."""
+    written, _, run = custom_id.removeprefix(FEEDBACK_PREFIX).partition(":")
+    verdict = next((known for known in FEEDBACK_LABELS if known == written), None)
+    if verdict is None or not run.isdigit():
+        return None
+    return ChatEvent(platform=PLATFORM, workspace=where.workspace, channel=where.channel, thread=where.thread,
+                     user=qualified_user(user_id), kind="action", action="feedback", feedback=verdict,
+                     action_run_id=int(run), message_id=str(message_id))
+
+
+def comment_event(where: Where, *, user_id: int, run_id: int, comment: str) -> ChatEvent:
+    """What a person said was wrong with run `run_id` (the "what was wrong?" modal, submitted)."""
+    return ChatEvent(platform=PLATFORM, workspace=where.workspace, channel=where.channel, thread=where.thread,
+                     user=qualified_user(user_id), kind="action", action="feedback_comment", action_run_id=run_id,
+                     text=comment)

@@ -11,14 +11,15 @@ Untrusted text that is not Markdown by nature (questions, page titles, reasons) 
 shows as typed. Link previews are suppressed on every message (`flags`: SUPPRESS_EMBEDS).
 
 Discord-specific parts of a message ride in `Content.extra["discord"]`: `allowed_mentions`, `flags`
-and `components` (the Stop, Retry, Continue and Export buttons), which the messenger sends as they are.
+and `components` (the Stop, Retry, Continue and Export buttons, and 👍/👎 under a report), which the messenger
+sends as they are.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import re
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import unquote
 
 from chat.history import NO_RUNS, RunHistory, RunSummary, history_listing, mode_name
@@ -55,6 +56,10 @@ CANCEL_ID = "deepthread:cancel"
 RETRY_PREFIX = "deepthread:retry:"
 CONTINUE_PREFIX = "deepthread:continue:"
 EXPORT_PREFIX = "deepthread:export:"
+# 👍/👎 under a report: `deepthread:feedback:good:42`, the verdict and the run, like Slack's button values.
+Verdict = Literal["good", "bad"]
+FEEDBACK_PREFIX = "deepthread:feedback:"
+FEEDBACK_LABELS: dict[Verdict, str] = {"good": "👍", "bad": "👎"}
 BUTTON_PRIMARY, BUTTON_SECONDARY, BUTTON_DANGER = 1, 2, 4
 
 _MARKDOWN_SPECIALS = re.compile(r"([\\*_~`|>#\[\]()<-])")
@@ -237,8 +242,15 @@ def report_pieces(report: Report) -> list[str]:
     return pieces
 
 
-def export_row(run_id: int) -> dict[str, Any]:
-    return action_row(button("Export Markdown", f"{EXPORT_PREFIX}{run_id}"))
+def feedback_custom_id(verdict: Verdict, run_id: int) -> str:
+    """What a 👍/👎 button sends back when clicked: `deepthread:feedback:good:42`."""
+    return f"{FEEDBACK_PREFIX}{verdict}:{run_id}"
+
+
+def report_row(run_id: int) -> dict[str, Any]:
+    """The buttons under a report: export it, and say whether it was good (👍) or something was wrong (👎)."""
+    feedback = [button(label, feedback_custom_id(verdict, run_id)) for verdict, label in FEEDBACK_LABELS.items()]
+    return action_row(button("Export Markdown", f"{EXPORT_PREFIX}{run_id}"), *feedback)
 
 
 # --- the renderer --------------------------------------------------------------------------------
@@ -265,8 +277,8 @@ class DiscordRenderer:
         return message(text, components=status_buttons(progress))
 
     def report(self, report: Report, *, requester: str, run_id: int | None = None) -> ReportDelivery:
-        """The report's messages, the first mentioning the requester, the last with an export button when
-        `run_id` is given; as a summary plus `report.md` when it would take more than `max_messages`."""
+        """The report's messages, the first mentioning the requester, the last with the export and 👍/👎 buttons
+        when `run_id` is given; as a summary plus `report.md` when it would take more than `max_messages`."""
         greeting = self._greeting(report, requester)
         texts = pack_pieces([greeting, *report_pieces(report)], CONTENT_LIMIT)
         if len(texts) > self.max_messages:
@@ -274,7 +286,8 @@ class DiscordRenderer:
         messages = [message(text, mention=requester if index == 0 else None) for index, text in enumerate(texts)]
         if run_id is not None:
             last = messages[-1]
-            messages[-1] = last.model_copy(update={"extra": {KEY: {**last.extra[KEY], "components": [export_row(run_id)]}}})
+            buttons = {"components": [report_row(run_id)]}
+            messages[-1] = last.model_copy(update={"extra": {KEY: {**last.extra[KEY], **buttons}}})
         return ReportDelivery(messages=messages)
 
     def notice(self, text: str) -> Content:
@@ -310,7 +323,7 @@ class DiscordRenderer:
         if stopped := stopped_line(report):
             lines.append(f"**{escape_text(stopped)}**")
         summary = message("\n".join(lines), mention=requester,
-                          components=[export_row(run_id)] if run_id is not None else None)
+                          components=[report_row(run_id)] if run_id is not None else None)
         upload = FileUpload(filename=REPORT_FILENAME, data=render_markdown(report).encode("utf-8"),
                             title=thread_name(title))
         return ReportDelivery(messages=[summary], file=upload)

@@ -15,6 +15,8 @@ every REST call is recorded, and the test drives users, commands, buttons and re
     discord_fake.messages(discord_fake.channel_id)         # DiscordMessage list, current state
     discord_fake.edits(channel_id, message_id)             # DiscordEdit list, with monotonic times
     discord_fake.calls("PATCH", path_contains="/messages/")  # DiscordCall list: method, path, json, status, time
+    discord_fake.modal(click_id)                           # the modal the bot answered a click with, if any
+    discord_fake.submit_modal(alice, click_id, {"comment": "…"})  # the person fills it in and submits it
 
 From async tests use `await discord_fake.wait_for_async(...)`: `wait_for` blocks the calling thread.
 
@@ -70,9 +72,11 @@ CHANNEL_TEXT, CHANNEL_DM, CHANNEL_ANNOUNCEMENT = 0, 1, 5
 CHANNEL_ANNOUNCEMENT_THREAD, CHANNEL_PUBLIC_THREAD, CHANNEL_PRIVATE_THREAD = 10, 11, 12
 THREAD_TYPES = frozenset({CHANNEL_ANNOUNCEMENT_THREAD, CHANNEL_PUBLIC_THREAD, CHANNEL_PRIVATE_THREAD})
 MESSAGE_DEFAULT, MESSAGE_REPLY, MESSAGE_CHAT_INPUT_COMMAND = 0, 19, 20
-INTERACTION_APPLICATION_COMMAND, INTERACTION_MESSAGE_COMPONENT = 2, 3
+INTERACTION_APPLICATION_COMMAND, INTERACTION_MESSAGE_COMPONENT, INTERACTION_MODAL_SUBMIT = 2, 3, 5
 CALLBACK_MESSAGE, CALLBACK_DEFERRED_MESSAGE, CALLBACK_DEFERRED_UPDATE, CALLBACK_UPDATE_MESSAGE, CALLBACK_MODAL = 4, 5, 6, 7, 9
-CALLBACKS_ALLOWED = {INTERACTION_APPLICATION_COMMAND: {4, 5, 9}, INTERACTION_MESSAGE_COMPONENT: {4, 5, 6, 7, 9}}
+# A modal cannot answer a modal; updating a message is for a modal opened from one of its buttons (checked apart).
+CALLBACKS_ALLOWED = {INTERACTION_APPLICATION_COMMAND: {4, 5, 9}, INTERACTION_MESSAGE_COMPONENT: {4, 5, 6, 7, 9},
+                     INTERACTION_MODAL_SUBMIT: {4, 5, 6, 7}}
 FLAG_EPHEMERAL, FLAG_LOADING = 1 << 6, 1 << 7
 APP_FLAG_PRESENCE, APP_FLAG_GUILD_MEMBERS, APP_FLAG_MESSAGE_CONTENT = 1 << 12, 1 << 14, 1 << 18
 OPTION_TYPES = {bool: 5, int: 4, float: 10, str: 3}
@@ -84,6 +88,11 @@ THREAD_NAME_LENGTH = (1, 100)
 NONCE_LIMIT = 25
 FILE_SIZE_LIMIT = 10 * 1024 * 1024
 COMMAND_NAME = re.compile(r"^[-_a-z0-9]{1,32}$")
+# Modals (developers/docs/components/reference): a title, up to five top-level components, each a label holding one
+# text input, a text display, or (deprecated) an action row holding one text input with a label of its own.
+COMPONENT_ACTION_ROW, COMPONENT_TEXT_INPUT, COMPONENT_TEXT_DISPLAY, COMPONENT_LABEL = 1, 4, 10, 18
+MODAL_TITLE_LIMIT, MODAL_COMPONENTS_LIMIT, CUSTOM_ID_LIMIT, LABEL_LIMIT, LABEL_DESCRIPTION_LIMIT = 45, 5, 100, 45, 100
+TEXT_INPUT_LIMIT, PLACEHOLDER_LIMIT, TEXT_DISPLAY_LIMIT = 4000, 100, 4000
 
 PERMISSION_ADD_REACTIONS, PERMISSION_VIEW_CHANNEL, PERMISSION_SEND_MESSAGES = 1 << 6, 1 << 10, 1 << 11
 PERMISSION_EMBED_LINKS, PERMISSION_ATTACH_FILES, PERMISSION_READ_HISTORY = 1 << 14, 1 << 15, 1 << 16
@@ -329,6 +338,8 @@ class FakeInteraction:
     responses: list[InteractionResponse] = field(default_factory=list)
     original_message_id: int | None = None
     followup_ids: list[int] = field(default_factory=list)
+    modal: dict[str, Any] | None = None  # the modal the bot answered with, while it is open
+    submitted: bool = False
 
 
 @dataclass
@@ -424,6 +435,102 @@ def message_form_errors(payload: dict[str, Any]) -> FormErrors:
 def is_empty_message(content: Any, embeds: Any, components: Any, attachments: Any, payload: dict[str, Any]) -> bool:
     return not (str(content or "").strip() or embeds or components or attachments
                 or payload.get("sticker_ids") or payload.get("poll"))
+
+
+def _text_input_errors(errors: FormErrors, path: tuple[str | int, ...], text_input: dict[str, Any], *,
+                       in_label: bool) -> None:
+    custom_id = str(text_input.get("custom_id") or "")
+    if not custom_id:
+        errors.add((*path, "custom_id"), "BASE_TYPE_REQUIRED", "This field is required")
+    errors.too_long((*path, "custom_id"), custom_id, CUSTOM_ID_LIMIT)
+    if text_input.get("style") not in (1, 2):
+        errors.add((*path, "style"), "BASE_TYPE_CHOICES", "Value must be one of {1, 2}.")
+    if in_label and text_input.get("label") is not None:
+        errors.add((*path, "label"), "COMPONENT_LABEL_DEPRECATED", "A text input in a label has no label of its own.")
+    if not in_label:
+        label = str(text_input.get("label") or "")
+        if not label:
+            errors.add((*path, "label"), "BASE_TYPE_REQUIRED", "This field is required")
+        errors.too_long((*path, "label"), label, LABEL_LIMIT)
+    for key in ("min_length", "max_length"):
+        value = text_input.get(key)
+        if value is not None and not (isinstance(value, int) and 0 <= value <= TEXT_INPUT_LIMIT):
+            errors.add((*path, key), "NUMBER_TYPE_MAX", f"int value should be less than or equal to {TEXT_INPUT_LIMIT}")
+    errors.too_long((*path, "placeholder"), str(text_input.get("placeholder") or ""), PLACEHOLDER_LIMIT)
+    errors.too_long((*path, "value"), str(text_input.get("value") or ""), TEXT_INPUT_LIMIT)
+
+
+def modal_form_errors(modal: dict[str, Any]) -> FormErrors:
+    """Discord's rules for a modal: custom id, title, and one to five labels, text displays or action rows."""
+    errors = FormErrors()
+    custom_id = str(modal.get("custom_id") or "")
+    title = str(modal.get("title") or "")
+    for key, value, limit in (("custom_id", custom_id, CUSTOM_ID_LIMIT), ("title", title, MODAL_TITLE_LIMIT)):
+        if not value:
+            errors.add(("data", key), "BASE_TYPE_REQUIRED", "This field is required")
+        errors.too_long(("data", key), value, limit)
+    components = modal.get("components")
+    if not isinstance(components, list) or not components:
+        errors.add(("data", "components"), "BASE_TYPE_REQUIRED", "This field is required")
+        return errors
+    errors.too_long(("data", "components"), components, MODAL_COMPONENTS_LIMIT)
+    for index, component in enumerate(components):
+        path: tuple[str | int, ...] = ("data", "components", index)
+        kind = component.get("type") if isinstance(component, dict) else None
+        if kind == COMPONENT_LABEL:
+            label = str(component.get("label") or "")
+            if not label:
+                errors.add((*path, "label"), "BASE_TYPE_REQUIRED", "This field is required")
+            errors.too_long((*path, "label"), label, LABEL_LIMIT)
+            errors.too_long((*path, "description"), str(component.get("description") or ""), LABEL_DESCRIPTION_LIMIT)
+            inner = component.get("component")
+            if not isinstance(inner, dict) or inner.get("type") != COMPONENT_TEXT_INPUT:
+                errors.add((*path, "component"), "UNION_TYPE_CHOICES", "Value of field \"type\" must be one of (4,).")
+            else:
+                _text_input_errors(errors, (*path, "component"), inner, in_label=True)
+        elif kind == COMPONENT_TEXT_DISPLAY:
+            content = str(component.get("content") or "")
+            if not content:
+                errors.add((*path, "content"), "BASE_TYPE_REQUIRED", "This field is required")
+            errors.too_long((*path, "content"), content, TEXT_DISPLAY_LIMIT)
+        elif kind == COMPONENT_ACTION_ROW:
+            inner_components = component.get("components") or []
+            if len(inner_components) != 1 or inner_components[0].get("type") != COMPONENT_TEXT_INPUT:
+                errors.add((*path, "components"), "BASE_TYPE_BAD_LENGTH", "Must be a single text input.")
+            else:
+                _text_input_errors(errors, (*path, "components", 0), inner_components[0], in_label=False)
+        else:
+            errors.add((*path, "type"), "UNION_TYPE_CHOICES", "Value of field \"type\" must be one of (1, 10, 18).")
+    return errors
+
+
+def modal_text_inputs(modal: dict[str, Any]) -> list[dict[str, Any]]:
+    """The text inputs of a modal, in order, wherever they sit (a label or an action row)."""
+    inputs = []
+    for component in modal.get("components") or []:
+        if component.get("type") == COMPONENT_LABEL:
+            inputs.append(component["component"])
+        elif component.get("type") == COMPONENT_ACTION_ROW:
+            inputs.extend(component.get("components") or [])
+    return inputs
+
+
+def submitted_components(modal: dict[str, Any], values: dict[str, str]) -> list[dict[str, Any]]:
+    """A modal's components as Discord sends them back on submission: each input's custom id and `value`."""
+    def answered(text_input: dict[str, Any]) -> dict[str, Any]:
+        custom_id = text_input["custom_id"]
+        return {"type": COMPONENT_TEXT_INPUT, "custom_id": custom_id, "value": values.get(custom_id, "")}
+
+    submitted: list[dict[str, Any]] = []
+    for component in modal.get("components") or []:
+        kind = component.get("type")
+        if kind == COMPONENT_LABEL:
+            submitted.append({"type": COMPONENT_LABEL, "component": answered(component["component"])})
+        elif kind == COMPONENT_ACTION_ROW:
+            submitted.append({"type": COMPONENT_ACTION_ROW, "components": [answered(component["components"][0])]})
+        elif kind == COMPONENT_TEXT_DISPLAY:
+            submitted.append({"type": COMPONENT_TEXT_DISPLAY})
+    return submitted
 
 
 @dataclass
@@ -691,6 +798,38 @@ class FakeDiscord(LoopbackFake):
                 {"custom_id": custom_id, "component_type": 2}, app_permissions=app_permissions, message=message)
             return interaction.id
 
+    def submit_modal(self, user: FakeUser, interaction_id: int, values: dict[str, str], *,
+                     app_permissions: int = BOT_PERMISSIONS) -> int:
+        """`user` fills in the modal the bot answered interaction `interaction_id` with (`values` by the inputs' custom
+        ids) and submits it: INTERACTION_CREATE for the submission, carrying the message a button of which opened it;
+        returns the new interaction's id. As on Discord, only the person the modal was shown to can submit it, once,
+        with every required input filled in."""
+        with self._lock:
+            opened = self._interactions[int(interaction_id)]
+            modal = opened.modal
+            if modal is None or opened.submitted:
+                raise AssertionError(f"interaction {interaction_id} has no open modal")
+            if user.id != opened.user.id:
+                raise AssertionError("a modal is shown only to the person whose interaction opened it")
+            inputs = modal_text_inputs(modal)
+            known = {text_input["custom_id"] for text_input in inputs}
+            if set(values) - known:
+                raise AssertionError(f"the modal has no inputs {sorted(set(values) - known)}")
+            for text_input in inputs:
+                value = values.get(text_input["custom_id"], "")
+                if text_input.get("required", True) and not value:
+                    raise AssertionError(f"the modal's input {text_input['custom_id']} is required")
+                if len(value) > int(text_input.get("max_length") or TEXT_INPUT_LIMIT):
+                    raise AssertionError(f"the modal's input {text_input['custom_id']} takes fewer characters")
+            opened.submitted = True
+            channel = self._channel(opened.channel_id)
+            message = self._find(channel.id, opened.message_id) if opened.message_id else None
+            interaction = self._dispatch_interaction(
+                INTERACTION_MODAL_SUBMIT, user, channel, opened.guild_id,
+                {"custom_id": modal["custom_id"], "components": submitted_components(modal, values)},
+                app_permissions=app_permissions, message=message)
+            return interaction.id
+
     def user_message(self, user: FakeUser, channel_id: int, content: str, *, mentions: list[FakeUser] | None = None,
                      embeds: list[dict[str, Any]] | None = None, reply_to: int | None = None) -> int:
         """Store a message from `user` and dispatch MESSAGE_CREATE; returns its id. As on Discord, a session that
@@ -760,6 +899,11 @@ class FakeDiscord(LoopbackFake):
         """Accepted callbacks (a second answer is refused with 40060 and only shows in `calls()`)."""
         with self._lock:
             return list(self._interactions[int(interaction_id)].responses)
+
+    def modal(self, interaction_id: int) -> dict[str, Any] | None:
+        """The modal the bot answered interaction `interaction_id` with (custom_id, title, components), if it did."""
+        with self._lock:
+            return copy.deepcopy(self._interactions[int(interaction_id)].modal)
 
     def followups(self, interaction_id: int | None = None) -> list[DiscordMessage]:
         """Messages sent through the interaction webhook (the first followup after a defer is the original)."""
@@ -1499,6 +1643,12 @@ class FakeDiscord(LoopbackFake):
         if kind not in CALLBACKS_ALLOWED[interaction.type]:
             raise DiscordError(400, 50035, "Invalid Form Body", {"type": {"_errors": [
                 {"code": "INTERACTION_RESPONSE_TYPE_INVALID", "message": "Interaction response type is invalid"}]}})
+        if kind in (CALLBACK_DEFERRED_UPDATE, CALLBACK_UPDATE_MESSAGE) and interaction.message_id is None:
+            raise DiscordError(400, 50035, "Invalid Form Body", {"type": {"_errors": [
+                {"code": "INTERACTION_RESPONSE_TYPE_INVALID", "message": "Interaction response type is invalid"}]}})
+        if kind == CALLBACK_MODAL:
+            modal_form_errors(data).raise_if_any()
+            interaction.modal = copy.deepcopy(data)
         channel = self._channels[interaction.channel_id]
         flags = int(data.get("flags") or 0)
         message: DiscordMessage | None = None

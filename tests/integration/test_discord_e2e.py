@@ -5,6 +5,8 @@ Redis, and the fake LLM, search provider and web corpus. Every Discord URL comes
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,12 +14,14 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import select
 
-from chat.discord.render import CONTENT_LIMIT, paragraph_to_discord
+from bot.discord.feedback import COMMENT_INPUT_ID
+from chat.discord.render import CANCEL_ID, CONTENT_LIMIT, paragraph_to_discord
 from research.markdown import markdown_paragraphs
-from storage.models import Run
+from storage.models import Feedback, Run
 from tests.fakes.corpus import QUESTION, Corpus
-from tests.fakes.discord_api import DiscordMessage, FakeDiscord, FakeUser
+from tests.fakes.discord_api import DiscordCall, DiscordMessage, FakeDiscord, FakeUser
 from tests.fakes.llm import ChatRequest, citing_synthesis, default_research_model
 from tests.integration.discord_harness import BotThread, discord_urls_nowhere
 from tests.integration.workers import Cluster
@@ -40,6 +44,17 @@ class DiscordWorld:
     corpus: Corpus
     asker: FakeUser
     other: FakeUser
+    bot: BotThread
+
+    def start_bot(self) -> None:
+        self.bot = BotThread(self.cluster.settings).start()
+        self.cluster.wait_for(self.bot.ready_or_failed, 20, "the bot's READY")
+        assert self.bot.error is None, self.bot.error
+
+    def restart_bot(self) -> None:
+        """Stop the bot and start a new one, as `deepthread discord` restarted: nothing it held in memory survives."""
+        self.bot.stop()
+        self.start_bot()
 
     def runs(self) -> list[Run]:
         return all_runs(self.cluster.sessions)
@@ -84,11 +99,12 @@ class DiscordWorld:
 
 
 def discord_world(tmp_path: Path, redis_url: str, corpus: Corpus, *, message_content: bool = True,
-                  sync_globally: bool = False) -> Iterator[DiscordWorld]:
+                  sync_globally: bool = False, rate_limit: tuple[int, float] = (50, 1.0)) -> Iterator[DiscordWorld]:
     from storage.redis import connect
 
     connect(redis_url).flushall()
-    with discord_urls_nowhere(), FakeDiscord(message_content_intent_enabled=message_content) as fake:
+    with discord_urls_nowhere(), FakeDiscord(message_content_intent_enabled=message_content,
+                                             rate_limit=rate_limit) as fake:
         cluster = Cluster(database_url=f"sqlite:///{tmp_path}/deepthread.db", redis_url=redis_url, corpus=corpus,
                           workdir=tmp_path, discord_bot_token=fake.token, discord_api_url=fake.api_url,
                           discord_guild_ids=str(fake.guild_id))
@@ -96,13 +112,15 @@ def discord_world(tmp_path: Path, redis_url: str, corpus: Corpus, *, message_con
         for user in (asker, other):
             fake.add_member(user)
         cluster.start_worker("w1")
-        bot = BotThread(cluster.settings, sync_globally=sync_globally).start()
+        bot = BotThread(cluster.settings, sync_globally=sync_globally)
+        world = DiscordWorld(cluster, fake, corpus, asker, other, bot)
         try:
-            cluster.wait_for(bot.ready_or_failed, 20, "the bot's READY")
-            assert bot.error is None, bot.error
-            yield DiscordWorld(cluster, fake, corpus, asker, other)
+            world.bot.start()
+            cluster.wait_for(world.bot.ready_or_failed, 20, "the bot's READY")
+            assert world.bot.error is None, world.bot.error
+            yield world
         finally:
-            bot.stop()
+            world.bot.stop()
             cluster.stop()
 
 
@@ -241,15 +259,20 @@ def test_the_stop_button_stops_the_run_for_the_requester(tmp_path: Path, redis_u
             assert stopped.state == "cancelled" and stopped.cancelled_by == f"discord:{world.asker.id}"
 
 
+LONG_REPORT_PARAGRAPHS = [f"Paragraph {index} says the Zorblax array is steady and predictable. " * 6
+                          for index in range(55)]
+
+
+def long_report(request: ChatRequest) -> Any:
+    """A synthesis of more than 20,000 characters: more than ten Discord messages, fewer than the fifteen after which
+    the renderer attaches a report as a file instead."""
+    if request.schema_name is None and "untrusted_source" in request.text:
+        return citing_synthesis(request) + "\n\n" + "\n\n".join(LONG_REPORT_PARAGRAPHS)
+    return default_research_model(request)
+
+
 def test_a_20000_character_report_arrives_complete_within_discord_s_limits(tmp_path: Path, redis_url: str) -> None:
-    paragraphs = [f"Paragraph {index} says the Zorblax array is steady and predictable. " * 6 for index in range(55)]
-
-    def long_report(request: ChatRequest) -> Any:
-        if request.schema_name is None and "untrusted_source" in request.text:
-            return citing_synthesis(request) + "\n\n" + "\n\n".join(paragraphs)
-        return default_research_model(request)
-
-    assert len("\n\n".join(paragraphs)) >= 20_000
+    assert len("\n\n".join(LONG_REPORT_PARAGRAPHS)) >= 20_000
     with Corpus(llm_handler=long_report) as corpus:
         for world in discord_world(tmp_path, redis_url, corpus):
             world.command("research", QUESTION)
@@ -307,3 +330,91 @@ def test_in_a_direct_message_the_conversation_is_the_dm_itself(tmp_path: Path, r
             fake.user_message(world.asker, dm, "and how big are they?")
             second = world.finished(world.wait_for_runs(2)[1], 30)
             assert second.state == "done" and second.status_message["thread"] == str(dm), second.error
+
+
+def has_stop_button(call: DiscordCall) -> bool:
+    return any(button.get("custom_id") == CANCEL_ID for row in (call.json or {}).get("components") or []
+               for button in row["components"])
+
+
+def test_a_long_report_s_status_reads_done_only_after_its_last_part_is_posted(tmp_path: Path, redis_url: str) -> None:
+    """Discord's per-channel rate limit (five messages a window, here a window of 1 s rather than 5 s) paces the
+    report's parts; the status message keeps its Stop button and does not read done until the last one is posted."""
+    with Corpus(llm_handler=long_report) as corpus:
+        for world in discord_world(tmp_path, redis_url, corpus, rate_limit=(5, 1.0)):
+            fake = world.fake
+            world.command("research", QUESTION)
+            run = world.finished(world.wait_for_runs(1)[0])
+            assert run.state == "done", run.error
+            report = world.wait(lambda: (messages := world.report_messages(run)) and messages[-1].components
+                                and messages, 30, "the whole report")
+            status_path = f"/channels/{run.status_message['channel']}/messages/{run.status_message['message_id']}"
+            world.wait(lambda: "✅ **Done**" in fake.message(int(run.status_message["channel"]),
+                                                           int(run.status_message["message_id"])).content,
+                       30, "the final status")
+
+            calls = fake.calls()
+            contents = {message.content for message in report}
+            parts = [index for index, call in enumerate(calls) if call.method == "POST" and call.status == 200
+                     and call.path == f"/channels/{world.thread_of(run)}/messages" and call.json["content"] in contents]
+            assert len(parts) == len(report) > 10
+            paced = [calls[index] for index in parts if calls[index].answer_headers.get("X-RateLimit-Remaining") == "0"]
+            assert paced, "the report's parts went out at the pace Discord's per-channel limit allows"
+            edits = [(index, call) for index, call in enumerate(calls)
+                     if call.method == "PATCH" and call.path == status_path and call.status == 200]
+            done = [index for index, call in edits if "✅ **Done**" in call.json["content"]]
+            assert done and done[0] > parts[-1], "the status reads done only after the report's last part is posted"
+            assert all(has_stop_button(call) for index, call in edits if index < parts[-1]), \
+                "the Stop button stays until the report is all there"
+
+
+def feedback_rows(world: DiscordWorld) -> list[tuple[str, int, str | None]]:
+    with world.cluster.sessions() as session:
+        return sorted((row.user, row.value, row.comment) for row in session.scalars(select(Feedback)))
+
+
+def deepthread_runs(world: DiscordWorld) -> str:
+    """What `deepthread runs` prints, run as a person runs it, on the world's database."""
+    listed = subprocess.run([sys.executable, "-m", "bot.cli", "runs"], env=world.cluster.environment,
+                            cwd=world.cluster.workdir, capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    return listed.stdout
+
+
+WHAT_WAS_WRONG = "The capacity figure is the 2019 one, not this year's."
+
+
+def test_thumbs_up_and_down_on_a_report_are_stored_across_a_restart_and_counted_by_deepthread_runs(
+        world: DiscordWorld) -> None:
+    """👍/👎 under the report's last message; a 👎 opens the "what was wrong?" modal, which is submitted after the
+    bot restarted, and a 👍 clicked after the restart on a message posted before it is heard too."""
+    fake = world.fake
+    world.command("research", QUESTION)
+    run = world.finished(world.wait_for_runs(1)[0])
+    assert run.state == "done", run.error
+    last = world.wait(lambda: world.report_messages(run), 20, "the report")[-1]
+    buttons = {button["label"]: button["custom_id"] for row in last.components for button in row["components"]}
+    assert {"👍", "👎"} <= set(buttons)
+    thread = world.thread_of(run)
+
+    down = fake.click_button(world.other, thread, last.id, buttons["👎"])
+    [opened] = fake.wait_for(lambda: fake.interaction_responses(down))  # in time, or the fake refuses it
+    modal = fake.modal(down)
+    assert opened.type == 9 and modal is not None and modal["title"] == "What was wrong?"
+    world.wait(lambda: feedback_rows(world), 10, "the 👎 stored")
+    assert feedback_rows(world) == [(f"discord:{world.other.id}", -1, None)]
+
+    world.restart_bot()
+    submitted = fake.submit_modal(world.other, down, {COMMENT_INPUT_ID: WHAT_WAS_WRONG})
+    [acknowledged] = fake.wait_for(lambda: fake.interaction_responses(submitted))
+    assert acknowledged.ephemeral
+    world.wait(lambda: any(comment for _, _, comment in feedback_rows(world)), 10, "the comment stored")
+    up = fake.click_button(world.asker, thread, last.id, buttons["👍"])
+    thanks = world.wait(lambda: [message for message in fake.followups(up) if "Thanks" in message.content], 10,
+                        "the private thanks for the 👍")
+    assert thanks[0].ephemeral
+
+    assert feedback_rows(world) == sorted([(f"discord:{world.asker.id}", 1, None),
+                                           (f"discord:{world.other.id}", -1, WHAT_WAS_WRONG)])
+    [line] = [line for line in deepthread_runs(world).splitlines() if line.split()[:1] == [str(run.id)]]
+    assert "👍 1 👎 1" in line

@@ -18,6 +18,7 @@ import httpx
 import pytest
 from discord import app_commands
 
+from tests.fakes.clock import FakeClock
 from tests.fakes.discord_api import FakeDiscord, discord_py_pointed_at
 from tests.fakes.discord_gateway import INTENT_GUILD_MESSAGES, INTENT_GUILDS, INTENT_MESSAGE_CONTENT
 
@@ -356,6 +357,46 @@ async def test_button_click_reaches_the_view_and_updates_the_message(discord_fak
     assert [edit.components for edit in discord_fake.edits(channel.id, status.id)] == [[]]
 
 
+async def test_a_modal_answering_a_click_is_shown_to_the_clicker_and_its_submission_reaches_discord_py(
+        discord_fake: FakeDiscord, make_bot: Any) -> None:
+    bot = make_bot()
+    submitted: asyncio.Queue[discord.Interaction] = asyncio.Queue()
+
+    class Why(discord.ui.Modal, title="What was wrong?"):
+        answer = discord.ui.Label(text="What was wrong", component=discord.ui.TextInput(
+            custom_id="answer", style=discord.TextStyle.paragraph, required=False, max_length=3000))
+
+        async def on_submit(self, interaction: discord.Interaction) -> None:
+            await interaction.response.defer(ephemeral=True, thinking=True)
+            await submitted.put(interaction)
+
+    @bot.client.event
+    async def on_interaction(interaction: discord.Interaction) -> None:
+        if interaction.type is discord.InteractionType.component:
+            await interaction.response.send_modal(Why(custom_id="why:7"))
+
+    await bot.start()
+    channel = bot.client.get_channel(discord_fake.channel_id)
+    assert isinstance(channel, discord.TextChannel)
+    report = await channel.send("A report")
+    alice = discord_fake.new_user("alice")
+    click = discord_fake.click_button(alice, channel.id, report.id, "thumbs-down")
+    modal = await discord_fake.wait_for_async(lambda: discord_fake.modal(click))
+    assert modal["custom_id"] == "why:7" and modal["title"] == "What was wrong?"
+
+    with pytest.raises(AssertionError, match="only to the person"):
+        discord_fake.submit_modal(discord_fake.new_user("mallory"), click, {"answer": "not mine"})
+    submission = discord_fake.submit_modal(alice, click, {"answer": "A wrong figure."})
+    interaction = await next_event(submitted)
+
+    assert interaction.id == submission and interaction.message is not None and interaction.message.id == report.id
+    assert interaction.data is not None and interaction.data.get("custom_id") == "why:7"
+    [answered] = discord_fake.interaction_responses(submission)
+    assert answered.type == 5 and answered.ephemeral
+    with pytest.raises(AssertionError, match="no open modal"):
+        discord_fake.submit_modal(alice, click, {"answer": "twice"})
+
+
 # --- REST with plain httpx -------------------------------------------------------------------------
 
 
@@ -549,3 +590,43 @@ async def test_gateway_speaks_each_transport_compression_and_resumes(discord_fak
             await gateway.receive()
             await gateway.send(2, {"token": "wrong", "intents": intents, "properties": {}})
             assert (await gateway.receive()) == {"closed": 4004}
+
+
+def test_a_modal_beyond_discord_s_limits_is_refused_and_no_modal_opens(discord_fake: FakeDiscord,
+                                                                       rest: httpx.Client) -> None:
+    message_id = rest.post(f"/channels/{discord_fake.channel_id}/messages", json={"content": "report"}).json()["id"]
+    text_input = {"type": 4, "custom_id": "answer", "style": 2, "max_length": 3000}
+    modal = {"custom_id": "why", "title": "What was wrong?",
+             "components": [{"type": 18, "label": "What was wrong", "component": text_input}]}
+    too_long = {**modal, "title": "t" * 46,
+                "components": [{"type": 18, "label": "l" * 46, "component": {**text_input, "max_length": 4001}}]}
+    for body, accepted in ((too_long, False), (modal, True)):
+        click = discord_fake.click_button(discord_fake.new_user("alice"), discord_fake.channel_id, int(message_id), "b")
+        token = discord_fake.interaction(click).token
+        answer = httpx.post(f"{discord_fake.api_url}/interactions/{click}/{token}/callback",
+                            json={"type": 9, "data": body})
+        if accepted:
+            assert answer.status_code == 204 and discord_fake.modal(click) == modal
+        else:
+            errors = answer.json()["errors"]["data"]
+            assert answer.status_code == 400 and discord_fake.modal(click) is None
+            assert errors["title"]["_errors"][0]["code"] == "BASE_TYPE_MAX_LENGTH"
+            assert errors["components"]["0"]["label"]["_errors"][0]["code"] == "BASE_TYPE_MAX_LENGTH"
+            assert "max_length" in errors["components"]["0"]["component"]
+
+
+async def test_the_fakes_own_rate_limit_is_per_channel_like_discord_s() -> None:
+    clock = FakeClock()
+    fake = FakeDiscord(clock=clock, rate_limit=(5, 5.0))
+    other = fake.add_channel("elsewhere")
+    async with fake.client() as client:
+        first = [await client.post(f"/channels/{fake.channel_id}/messages", json={"content": f"{index}"})
+                 for index in range(6)]
+        elsewhere = await client.post(f"/channels/{other}/messages", json={"content": "other channel"})
+        clock.advance(5.0)
+        later = await client.post(f"/channels/{fake.channel_id}/messages", json={"content": "next window"})
+
+    assert [response.status_code for response in first] == [200] * 5 + [429]
+    assert first[4].headers["X-RateLimit-Remaining"] == "0" and float(first[5].json()["retry_after"]) > 0
+    assert elsewhere.status_code == 200 and later.status_code == 200
+    assert [message.content for message in fake.messages(fake.channel_id)] == ["0", "1", "2", "3", "4", "next window"]

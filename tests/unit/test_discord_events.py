@@ -70,7 +70,19 @@ def test_buttons_map_to_actions(custom_id: str, action: str, run_id: int | None)
     assert event is not None and (event.action, event.action_run_id, event.message_id) == (action, run_id, "42")
 
 
-@pytest.mark.parametrize("custom_id", ["someone-else", "deepthread:retry:x", "deepthread:unknown"])
+@pytest.mark.parametrize(("custom_id", "verdict", "run_id"), [
+    ("deepthread:feedback:good:9", "good", 9), ("deepthread:feedback:bad:9", "bad", 9)])
+def test_thumbs_up_and_down_map_to_feedback_with_the_verdict_and_the_run(custom_id: str, verdict: str,
+                                                                         run_id: int) -> None:
+    where = Where.of(guild_id=1, channel_id=11, parent_id=10, is_thread=True)
+    event = button_event(where, user_id=USER, message_id=42, custom_id=custom_id)
+    assert event is not None
+    assert (event.action, event.feedback, event.action_run_id) == ("feedback", verdict, run_id)
+    assert (event.user, event.channel, event.thread, event.message_id) == (f"discord:{USER}", "10", "11", "42")
+
+
+@pytest.mark.parametrize("custom_id", ["someone-else", "deepthread:retry:x", "deepthread:unknown",
+                                       "deepthread:feedback:meh:9", "deepthread:feedback:good:", "deepthread:feedback:bad:x"])
 def test_foreign_or_broken_buttons_are_ignored(custom_id: str) -> None:
     assert button_event(Where.of(guild_id=1, channel_id=10), user_id=USER, message_id=42, custom_id=custom_id) is None
 

@@ -98,7 +98,7 @@ def test_only_the_first_report_message_may_mention_and_only_the_requester() -> N
     assert all(content.extra["discord"]["allowed_mentions"] == {"parse": []} for content in rest)
 
 
-def test_a_20000_character_report_arrives_whole_as_messages_with_export_on_the_last() -> None:
+def test_a_20000_character_report_arrives_whole_as_messages_with_export_and_feedback_on_the_last() -> None:
     body = "\n\n".join(f"Paragraph {index}: " + "tidal energy is predictable [1]. " * 18 for index in range(33))
     assert len(body) >= 20_000
     delivery = DiscordRenderer().report(report_with(body), requester=REQUESTER, run_id=9)
@@ -108,8 +108,19 @@ def test_a_20000_character_report_arrives_whole_as_messages_with_export_on_the_l
     assert squash(body) in squash("\n\n".join(content.text for content in delivery.messages))
     buttons = [component for content in delivery.messages for row in content.extra["discord"].get("components", [])
                for component in row["components"]]
-    assert [button["custom_id"] for button in buttons] == [f"{EXPORT_PREFIX}9"]
+    assert [button["custom_id"] for button in buttons] == [f"{EXPORT_PREFIX}9", "deepthread:feedback:good:9",
+                                                           "deepthread:feedback:bad:9"]
+    assert [button.get("label") for button in buttons] == ["Export Markdown", "👍", "👎"]
     assert "components" in delivery.messages[-1].extra["discord"]
+
+
+def test_a_report_sent_as_a_file_has_the_export_and_feedback_buttons_under_its_summary() -> None:
+    delivery = DiscordRenderer(max_messages=3).report(report_with("Long line here. " * 1_000), requester=REQUESTER,
+                                                      run_id=9)
+    [summary] = delivery.messages
+    [row] = summary.extra["discord"]["components"]
+    assert [button["custom_id"] for button in row["components"]] == [
+        f"{EXPORT_PREFIX}9", "deepthread:feedback:good:9", "deepthread:feedback:bad:9"]
 
 
 def test_a_very_long_report_becomes_a_summary_and_report_md() -> None:
