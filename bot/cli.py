@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -146,8 +146,9 @@ def _request(mode: str, question: str, *, since: str | None = None, sites: Seque
 
 
 def _run_in_terminal(mode: RunMode, question: str, options: RunOptions, output_format: ExportFormat,
-                     out: str | None) -> None:
-    """Create a run, execute it here with a live display, then print or save its report."""
+                     out: str | None, plan: dict[str, Any] | None = None) -> int:
+    """Create a run (following `plan`, when given), execute it here with a live display, then print or save its
+    report; returns the run's id."""
     settings = settings_or_exit()
     question = question.strip()
     if not question:
@@ -185,7 +186,8 @@ def _run_in_terminal(mode: RunMode, question: str, options: RunOptions, output_f
 
         pool.warm(load_readers)
     sessions = _database(settings)
-    run_id = create_run(sessions, place=TERMINAL, requester=TERMINAL_USER, mode=mode, question=question, options=options)
+    run_id = create_run(sessions, place=TERMINAL, requester=TERMINAL_USER, mode=mode, question=question, options=options,
+                        plan=plan)
     console = Console(stderr=True)
 
     async def main() -> tuple[str, bool]:
@@ -226,6 +228,7 @@ def _run_in_terminal(mode: RunMode, question: str, options: RunOptions, output_f
         raise typer.Exit(code=1)
     if state != "done":
         raise typer.Exit(code=1)
+    return run_id
 
 
 def _write_report(text: str, output_format: str, out: str | None, *, done_line: str | None = None) -> None:
@@ -261,7 +264,8 @@ def _check_format(value: str) -> str:
 
 @app.command()
 def research(
-    question: str = typer.Argument(..., help="The question to research.", metavar="QUESTION"),
+    question: str | None = typer.Argument(None, help="The question to research.", metavar="QUESTION",
+                                          show_default=False),
     output_format: str = typer.Option("md", "--format", help="md, html or json.", callback=_check_format,
                                       metavar="FORMAT"),
     out: str | None = typer.Option(None, "--out", help="Write the report to this file instead of stdout.",
@@ -271,30 +275,63 @@ def research(
     site: list[str] = typer.Option([], "--site", help="Only search this domain (repeatable).", metavar="DOMAIN"),
     deep: bool = typer.Option(False, "--deep", help="More rounds and sources."),
     quick: bool = typer.Option(False, "--quick", help="Fewer rounds and sources."),
+    plan: int | None = typer.Option(None, "--plan", metavar="RUN_ID",
+                                    help="Research as the plan `deepthread plan` drafted says (its run id), in place "
+                                         "of QUESTION."),
 ) -> None:
     """Research a question here, with a live display of the phases; Ctrl-C stops and keeps what was found."""
     if deep and quick:
         typer.echo("Choose one of --deep or --quick, not both.", err=True)
         raise typer.Exit(code=2)
-    checked, options = _request("research", question, since=since, sites=site,
+    if (question is None) == (plan is None):
+        typer.echo('Usage: deepthread research "your question", or deepthread research --plan RUN_ID '
+                   "(one of them).", err=True)
+        raise typer.Exit(code=2)
+    steps: dict[str, Any] | None = None
+    carried: RunOptions | None = None
+    if plan is not None:
+        question, carried, steps = _drafted_plan(plan)
+    checked, options = _request("research", question or "", since=since, sites=site,
                                 depth="deep" if deep else "quick" if quick else None)
-    _run_in_terminal("research", checked, options, _export_format(output_format), out)
+    if carried is not None:
+        options = carried.merged(options)
+    _run_in_terminal("research", checked, options, _export_format(output_format), out, plan=steps)
+
+
+def _drafted_plan(run_id: int) -> tuple[str, RunOptions, dict[str, Any]]:
+    """The question, options and steps of plan run `run_id`, as approving it in the chat runs them; exits 1 with
+    one line when there is no such finished plan."""
+    from bot.conversation.rules import REVISION_MARKER
+    from storage.conversations import load_run
+
+    run = load_run(_database(settings_or_exit()), run_id)
+    steps = (run.report_json or {}).get("plan") if run is not None and run.mode == "plan" else None
+    if run is None or not steps or run.state != "done":
+        typer.echo(f"Run {run_id} is not a finished plan: draft one with deepthread plan \"your question\" "
+                   "(deepthread runs lists the runs).", err=True)
+        raise typer.Exit(code=1)
+    return run.question.split(REVISION_MARKER, 1)[0], run.options.carried(), steps
 
 
 @app.command("plan")
 def plan_command(question: str = typer.Argument(..., help="The question to plan research for.", metavar="QUESTION")) -> None:
-    """Draft a research plan (no searching) for you to approve or revise."""
+    """Draft a research plan (no searching); then run it with `deepthread research --plan RUN_ID`."""
     checked, options = _request("plan", question)
-    _run_in_terminal("plan", checked, options, "md", None)
+    run_id = _run_in_terminal("plan", checked, options, "md", None)
+    typer.echo(f"Run this plan: deepthread research --plan {run_id}", err=True)
 
 
 @app.command()
 def runs(limit: int = typer.Option(20, "--limit", help="How many of the latest runs to list.", metavar="N")) -> None:
-    """List recent runs: id, state, mode, when, 👍/👎 feedback counts, and the question."""
-    from storage.runs import RUNS_HEADER, recent_runs
+    """List recent runs: id, state, mode, when, 👍/👎 feedback counts, and the question (cut to fit the terminal)."""
+    import shutil
+
+    from storage.runs import RUNS_HEADER, RUNS_WIDTH, recent_runs
 
     settings = settings_or_exit()
-    lines = recent_runs(_database(settings), limit)
+    # COLUMNS, else the terminal's width; piped, 80 columns.
+    width = shutil.get_terminal_size((RUNS_WIDTH, 24)).columns
+    lines = recent_runs(_database(settings), limit, width)
     typer.echo(RUNS_HEADER if lines else "No runs yet.")
     for line in lines:
         typer.echo(line)
@@ -324,8 +361,9 @@ def export(
 
 @app.command()
 def prune(
-    older_than: str | None = typer.Option(None, "--older-than", help="Age of the runs to delete: 90d, 12h, 2w, 30m.",
-                                          metavar="AGE"),
+    older_than: str | None = typer.Option(None, "--older-than", metavar="AGE",
+                                          help="Age of the runs to delete: 90d (days), 12h, 2w, 3mo (30 days a month) "
+                                               "or 30min; a bare m is refused (minutes or months?)."),
     workspace: str | None = typer.Option(None, "--workspace", metavar="ID",
                                          help="Delete everything stored of this workspace (a Slack team or Discord "
                                               "server id) instead: its threads, messages and runs."),

@@ -9,8 +9,7 @@ from pydantic import BaseModel, Field
 
 from chat.message import Place
 from storage.vocabulary import RunMode, RunState
-
-MODE_NAMES: dict[RunMode, str] = {"chat": "quick answer", "followup": "follow-up"}
+from storage.vocabulary import mode_name as mode_name  # every renderer names modes with the one word list
 
 
 class RunSummary(BaseModel):
@@ -34,11 +33,6 @@ class RunHistory(BaseModel):
     @property
     def empty(self) -> bool:
         return not self.yours and not self.channel
-
-
-def mode_name(mode: RunMode) -> str:
-    """`chat` → `quick answer`; other modes by their own name."""
-    return MODE_NAMES.get(mode, mode)
 
 
 YOURS_HEADING = "Your recent runs"

@@ -83,6 +83,8 @@ class RunProgress(BaseModel):
     phases: list[PhaseLine] = Field(default_factory=list)
     counts: dict[str, int] = Field(default_factory=dict)
     percent: float = 0.0
+    # When it was asked for (the run's created_at): its time counts from there, waiting in the queue included.
+    requested_at: dt.datetime | None = None
     started_at: dt.datetime | None = None
     finished_at: dt.datetime | None = None
     last_seq: int = 0
@@ -102,24 +104,28 @@ class RunProgress(BaseModel):
         """A stored run's progress before any event (its mode's phases, its attempt and start), with `update` set
         (a state, the last event seen, a queue position): the one way every status starts from a run row."""
         return initial_progress(run_id=run.id, mode=run.mode, question=run.question, requested_by=run.requested_by,
-                                attempt=run.attempt, started_at=run.started_at).model_copy(update=update)
+                                attempt=run.attempt, requested_at=run.created_at,
+                                started_at=run.started_at).model_copy(update=update)
 
     @property
     def current_phase(self) -> str | None:
         return next((line.name for line in self.phases if line.status == "current"), None)
 
     def elapsed_seconds(self, now: dt.datetime) -> float:
-        if self.started_at is None:
+        """Seconds since the run was asked for (since it started, when that is unknown) until it ended or `now`."""
+        since = self.requested_at or self.started_at
+        if since is None:
             return 0.0
-        return max(0.0, ((self.finished_at or now) - self.started_at).total_seconds())
+        return max(0.0, ((self.finished_at or now) - since).total_seconds())
 
 
 def initial_progress(*, run_id: int, mode: RunMode, question: str, requested_by: str, state: RunState = "queued",
-                     started_at: dt.datetime | None = None, attempt: int = 0) -> RunProgress:
+                     requested_at: dt.datetime | None = None, started_at: dt.datetime | None = None,
+                     attempt: int = 0) -> RunProgress:
     """The state of a run before any event."""
     phases = [PhaseLine(name=name) for name in PHASES_BY_MODE.get(mode, [])]
     return RunProgress(run_id=run_id, attempt=attempt, mode=mode, question=question, requested_by=requested_by,
-                       state=state, phases=phases, started_at=started_at)
+                       state=state, phases=phases, requested_at=requested_at, started_at=started_at)
 
 
 def _set_phase(phases: list[PhaseLine], name: str | None, status: PhaseStatus) -> list[PhaseLine]:
@@ -186,7 +192,7 @@ def progress_of_stored_run(run: Run, events: Iterable[StoredEvent], progress: Ru
         if row.seq > progress.last_seq:
             progress = apply_event(progress, event_from_stored(type=row.type, phase=row.phase, payload=row.payload,
                                                                seq=row.seq, at=row.at))
-    update: dict[str, Any] = {"started_at": run.started_at, "attempt": run.attempt}
+    update: dict[str, Any] = {"requested_at": run.created_at, "started_at": run.started_at, "attempt": run.attempt}
     if run.state in TERMINAL_STATES:
         update.update(state=run.state, error=run.error, cancelled_by=run.cancelled_by, partial=run.partial,
                       partial_reason=run.partial_reason, finished_at=run.finished_at)

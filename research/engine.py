@@ -72,7 +72,16 @@ from research import readers
 from research.rank import rank_passages_for_queries
 from research.providers import NoSearchProviderError, SearchConfig, SearchRouter, build_router, build_scraper
 from research.scrape_fallback import FallbackFetcher
-from research.report import AuditFigures, Report, ReportSource, UsageSummary, split_title, unfinished_title
+from research.report import (
+    TITLE_QUESTION_CHARS,
+    AuditFigures,
+    Report,
+    ReportSource,
+    UsageSummary,
+    shortened,
+    split_title,
+    unfinished_title,
+)
 from research.thread_context import Turn
 from research.untrusted import fence_passages, fence_untrusted
 
@@ -201,6 +210,8 @@ class ResearchState:
     notes: list[str] = field(default_factory=list)
     tainted_words: set[str] = field(default_factory=set)
     audit: verify_phase.AuditResult | None = None
+    # False once the report's text is the engine's own (no sources found) or quotes (the model could not write it).
+    written_by_ai: bool = True
     report: Report | None = None
     phase_seconds: dict[str, float] = field(default_factory=dict)
     partial_reason: str | None = None
@@ -326,7 +337,9 @@ def unfinished_report(state: ResearchState, *, reason: str, stopped_by_user: boo
         own_title, body = split_title(state.audit.body_markdown)
         title = own_title or state.question or unfinished_title(state.question, stopped_by_user=stopped_by_user)
         sources, cited, audit = state.audit.sources, state.audit.cited_passages, state.audit.audit
+        written_by_ai = state.written_by_ai
     else:
+        written_by_ai = False  # the engine's words: why it stopped, and the pages it had read
         title = unfinished_title(state.question, stopped_by_user=stopped_by_user)
         sources, cited, audit = _read_sources(state), [], AuditFigures()
         body = _unwritten_body(state, reason, stopped_by_user=stopped_by_user, pages_read=len(sources))
@@ -334,6 +347,7 @@ def unfinished_report(state: ResearchState, *, reason: str, stopped_by_user: boo
         question=state.question, title=title, body_markdown=body, sources=sources, cited_passages=cited,
         audit=audit, usage=state.usage_summary(), phase_seconds=state.phase_seconds,
         partial=True, partial_reason=reason, skipped_providers=state.skipped_providers, stopped_by_user=stopped_by_user,
+        written_by_ai=written_by_ai,
     )
 
 
@@ -491,6 +505,7 @@ async def _research(run: _Run, question: str, plan: Any, context: str | None,
                         selected, wrote_claims = await (ahead.kept() if ahead is not None else write_report(lambda: True))
                 else:
                     state.draft = NO_SOURCES_NOTICE
+                    state.written_by_ai = False
         except LLMError as error:
             # The sources are gathered and stored: a model down now still leaves the reader what was found.
             writing_error = error
@@ -505,6 +520,7 @@ async def _research(run: _Run, question: str, plan: Any, context: str | None,
                                                          state.sources, reason=reason)
             # With nothing quotable, the empty body below makes it the unfinished report: the sources read, and why.
             state.audit = digest or verify_phase.AuditResult(body_markdown="")
+            state.written_by_ai = False
             state.partial_reason = f"{reason}, so this report quotes the sources instead of answering" if digest else reason
         elif selected:
             async with run.phase("verify"):
@@ -544,6 +560,7 @@ async def _research(run: _Run, question: str, plan: Any, context: str | None,
         usage=state.usage_summary(fetch_budget), phase_seconds=state.phase_seconds,
         partial=state.partial_reason is not None, partial_reason=state.partial_reason,
         skipped_providers=state.skipped_providers, stopped_by_user=False, notes=state.notes,
+        written_by_ai=state.written_by_ai,
     )
 
 
@@ -1027,7 +1044,7 @@ async def chat(
         text = search_phase.without_citation_markers(answer.text)
         if not text:
             raise LLMError("the model returned an empty answer")
-        return Report(question=question, title=question[:80], mode="chat", body_markdown=text,
+        return Report(question=question, title=shortened(question, TITLE_QUESTION_CHARS), mode="chat", body_markdown=text,
                       usage=run.state.usage_summary(), phase_seconds=run.state.phase_seconds,
                       partial=answer.cut_off, partial_reason=_chat_cut_off_reason(client, options) if answer.cut_off else None)
 
@@ -1093,7 +1110,8 @@ async def answer_from_passages(
         if audit.audit.sentences_total and not audit.audit.sentences_verified:
             reason = reason or NOTHING_SUPPORTED_REASON.replace("report", "answer")
         return Report(
-            question=question, title=question[:80], mode="followup", body_markdown=audit.body_markdown,
+            question=question, title=shortened(question, TITLE_QUESTION_CHARS), mode="followup",
+            body_markdown=audit.body_markdown,
             sources=audit.sources, cited_passages=audit.cited_passages, audit=audit.audit,
             usage=run.state.usage_summary(), phase_seconds=run.state.phase_seconds,
             partial=reason is not None, partial_reason=reason,

@@ -9,6 +9,10 @@ from pydantic import BaseModel, Field, ValidationError
 from research.phases.decompose import Decomposition, fallback, usable_queries
 
 
+# What a plan's step says when it wants no particular kind of source.
+ANY_SOURCE = frozenset({"", "any", "any source", "any sources", "all", "general", "n/a", "none"})
+
+
 class StrategyStep(BaseModel):
     """One search the plan intends to run, and the kind of source it should find."""
 
@@ -50,10 +54,16 @@ def plan_as_decomposition(plan: ResearchPlan | Decomposition | dict[str, Any]) -
 
 
 def render_plan_markdown(plan: ResearchPlan) -> str:
-    """The plan as the requester reads it in the thread."""
-    lines = [f"**Research plan:** {plan.query}", "", "**Key questions**"]
+    """The plan as the requester reads it in the thread, under its title ("Research plan: …", the report's)."""
+    lines = ["**Key questions**"]
     lines += [f"{number}. {question}" for number, question in enumerate(plan.key_questions, 1)]
     lines += ["", "**Search strategy**"]
-    lines += [f"- `{step.query}` → {step.source_type}" for step in plan.search_strategy]
+    lines += [f"- `{step.query}`{_looking_for(step.source_type)}" for step in plan.search_strategy]
     lines += ["", f"**Deliverable:** {plan.deliverable}"]
     return "\n".join(lines)
+
+
+def _looking_for(source_type: str) -> str:
+    """` — looking for news` after a search, or nothing when the plan names no kind of source ("any")."""
+    kind = " ".join(source_type.split())
+    return "" if kind.casefold() in ANY_SOURCE else f" — looking for {kind}"

@@ -127,6 +127,9 @@ class Report(BaseModel):
     stopped_by_user: bool = False
     plan: dict[str, Any] | None = None
     model: str | None = None  # the LLM that wrote it, named in the honest-framing line
+    # False when no model wrote any of the body: the engine's own notice, the pages a stopped run had read, a digest
+    # of quotes. Such a report does not say "Written by AI".
+    written_by_ai: bool = True
     # What the reader should know about how it was made, in plain words (e.g. passages left out to fit the model).
     notes: list[str] = Field(default_factory=list)
     created_at: dt.datetime = Field(default_factory=_now)
@@ -299,17 +302,21 @@ def _format_seconds(seconds: float) -> str:
 
 def usage_line(report: Report) -> str:
     """The footer's usage line, e.g. "12,345 tokens · $0.0123 · 41 s" ("≈12,345 tokens (estimated) …" when the
-    endpoint did not report usage)."""
+    endpoint did not report usage); no cost when it cost nothing, as when no price is set (LLM_PRICE_*)."""
     usage = report.usage
     tokens = _plural(usage.total_tokens, "token")
     if usage.tokens_estimated:
         tokens = f"≈{tokens} (estimated)"
-    return SEPARATOR.join([tokens, f"${usage.cost:,.4f}", _format_seconds(usage.seconds)])
+    cost = [f"${usage.cost:,.4f}"] if usage.cost > 0 else []
+    return SEPARATOR.join([tokens, *cost, _format_seconds(usage.seconds)])
 
 
 def ai_framing_line(report: Report) -> str:
     """The line that says an AI wrote this (naming the model when known) and what it was written from: the sources
-    listed; pages the run read but the report does not cite; or no web source at all."""
+    listed; pages the run read but the report does not cite; or no web source at all. Empty when no AI wrote any of
+    it."""
+    if not report.written_by_ai:
+        return ""
     model = _single_line(report.model or "")
     author = f"Written by AI ({model})" if model else "Written by AI"
     if report.sources and (report.cited_passages or re.search(r"\[\d+\]", report.body_markdown)):
@@ -334,8 +341,9 @@ def footer_lines(report: Report) -> list[str]:
 
 
 def partial_notice(report: Report) -> str | None:
-    """The sentence that says the report is partial and why, or None for a complete report."""
-    if not report.partial:
+    """The sentence that says the report is partial and why, or None for a complete report and for a stopped one
+    (its title or "[Research stopped by user]" says so)."""
+    if not report.partial or report.stopped_by_user:
         return None
     reason = _single_line(report.partial_reason or "").rstrip(".")
     return f"⚠️ Partial report: {reason}." if reason else "⚠️ Partial report."
@@ -395,6 +403,7 @@ h1, h2, h3 { line-height: 1.25; }
 a { color: #0969da; }
 a.cite { text-decoration: none; font-size: 0.85em; vertical-align: super; }
 .question { color: #59636e; font-style: italic; }
+.written { color: #59636e; font-size: 0.9em; }
 .sources { list-style: none; padding-left: 0; }
 .sources li { margin-bottom: 0.4rem; overflow-wrap: anywhere; }
 .sources .url, .sources .provider { color: #59636e; font-size: 0.9em; }
@@ -558,12 +567,23 @@ def markdown_to_html(markdown: str) -> str:
     return _REPORT_HTML.render(tokens, MARKDOWN.options, {}).rstrip("\n")
 
 
-def _html_cited_passages(passages: Sequence[CitedPassage]) -> str:
+def passage_without_title(text: str, title: str) -> str:
+    """A passage's text without the page's title that extraction put on its first line (a page's heading is the first
+    line of its text): shown under the source's title, it would read glued to the passage's first sentence."""
+    first_line, _, rest = text.strip().partition("\n")
+    heading, title = _single_line(first_line).casefold(), _single_line(title).casefold()
+    # "Tidal power" opens the text of a page titled "Tidal power - Wikipedia" too.
+    if rest.strip() and heading and (heading == title or title.startswith(heading + " ")):
+        return rest.strip()
+    return text
+
+
+def _html_cited_passages(passages: Sequence[CitedPassage], title: str) -> str:
     """A collapsed list of the passages the report cites from one source, so a reader can check the claims."""
     if not passages:
         return ""
     items = "".join(
-        f"<li><blockquote>{_escape(_single_line(passage.text))}</blockquote>"
+        f"<li><blockquote>{_escape(_single_line(passage_without_title(passage.text, title)))}</blockquote>"
         + (f' <span class="snippet">{SNIPPET_LABEL}</span>' if passage.is_snippet else "") + "</li>"
         for passage in passages)
     summary = "Cited passage" if len(passages) == 1 else f"{len(passages)} cited passages"
@@ -583,11 +603,11 @@ def _html_source_item(source: ReportSource, passages: Sequence[CitedPassage]) ->
         parts.append(f'<span class="snippet">{SNIPPET_LABEL}</span>')
     # The list is not numbered by the browser: "[n]" is the number, as in the body's citations.
     return (f'<li id="source-{source.number}"><span class="number">[{source.number}]</span> ' + " ".join(parts)
-            + _html_cited_passages(passages) + "</li>")
+            + _html_cited_passages(passages, source.title) + "</li>")
 
 
 def _html_footer(report: Report) -> str:
-    lines = [f'<p class="ai-framing">{_escape(ai_framing_line(report))}</p>']
+    lines = [f'<p class="ai-framing">{_escape(framing)}</p>' for framing in [ai_framing_line(report)] if framing]
     lines.extend(f'<p class="partial">{_escape(notice)}</p>' for notice in [partial_notice(report)] if notice)
     lines.extend(f'<p class="note">{_escape(note)}</p>' for note in note_lines(report))
     if audit_line(report):
@@ -596,6 +616,13 @@ def _html_footer(report: Report) -> str:
     if stopped := stopped_line(report):
         lines.append(f'<p class="stopped"><strong>{_escape(stopped)}</strong></p>')
     return "<footer>\n" + "\n".join(lines) + "\n</footer>"
+
+
+def _html_written_at(created_at: dt.datetime) -> str:
+    """When the report was written, in UTC, e.g. "Written 1 March 2025, 14:05 UTC"."""
+    written = created_at.astimezone(dt.timezone.utc) if created_at.tzinfo else created_at
+    return (f'<p class="written">Written <time datetime="{written:%Y-%m-%dT%H:%MZ}">'
+            f'{written.day} {written:%B %Y, %H:%M} UTC</time></p>')
 
 
 def render_html(report: Report) -> str:
@@ -620,6 +647,7 @@ def render_html(report: Report) -> str:
     question = _single_line(report.question)
     if question and question.casefold() != shown_title(report).casefold():
         parts.append(f'<p class="question">{_escape(question)}</p>')
+    parts.append(_html_written_at(report.created_at))
     parts.append(markdown_to_html(body))
     if report.sources:
         parts.append("<h2>Sources</h2>")

@@ -31,9 +31,11 @@ from storage.vocabulary import ACTIVE_STATES, TERMINAL_STATES
 RUNS_PER_BATCH = 500
 # Children before parents: citations point at passages, passages at sources.
 RUN_CHILDREN = (Citation, Passage, Source, Event)
-AGE_UNITS = {"m": dt.timedelta(minutes=1), "h": dt.timedelta(hours=1), "d": dt.timedelta(days=1),
-             "w": dt.timedelta(weeks=1)}
-AGE_PATTERN = re.compile(r"(\d+)\s*([mhdw])")
+# A month is 30 days. A bare `m` is refused: minutes or months, a prune must not guess.
+AGE_UNITS = {"min": dt.timedelta(minutes=1), "h": dt.timedelta(hours=1), "d": dt.timedelta(days=1),
+             "w": dt.timedelta(weeks=1), "mo": dt.timedelta(days=30)}
+AGE_PATTERN = re.compile(r"(\d+)\s*(min|mo|m|h|d|w)")
+AGE_EXAMPLES = "90d, 12h, 2w, 3mo or 30min"
 
 
 class PruneCounts(BaseModel):
@@ -50,11 +52,15 @@ class PruneCounts(BaseModel):
 
 
 def parse_age(text: str) -> dt.timedelta:
-    """`90d`, `12h`, `2w` or `30m` as a duration; raises ValueError for anything else."""
+    """`90d`, `12h`, `2w`, `3mo` (30 days each) or `30min` as a duration; raises ValueError for anything else, and
+    for a bare `m`, which could mean minutes or months."""
     match = AGE_PATTERN.fullmatch(text.strip().lower())
     if match is None or int(match.group(1)) == 0:
-        raise ValueError(f"{text!r} is not an age such as 90d, 12h, 2w or 30m")
-    return int(match.group(1)) * AGE_UNITS[match.group(2)]
+        raise ValueError(f"{text!r} is not an age such as {AGE_EXAMPLES}")
+    count, unit = int(match.group(1)), match.group(2)
+    if unit == "m":
+        raise ValueError(f"{text!r} could mean minutes or months: write {count}min or {count}mo")
+    return count * AGE_UNITS[unit]
 
 
 def _prunable(cutoff: dt.datetime, now: dt.datetime) -> ColumnElement[bool]:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import unicodedata
+
 from sqlalchemy import select
 
 from research.report import EXPORTERS, ExportFormat, Report
 from storage.db import Sessions, off_loop
 from storage.feedback import FeedbackCounts, feedback_counts
 from storage.models import Run
+from storage.vocabulary import mode_name
 
 
 def export_run(sessions: Sessions, run_id: int, output_format: ExportFormat) -> str | None:
@@ -23,7 +26,11 @@ def export_run(sessions: Sessions, run_id: int, output_format: ExportFormat) -> 
     return EXPORTERS[output_format](report)
 
 
-RUNS_HEADER = f"{'ID':>5}  {'STATE':<9}  {'MODE':<8}  {'CREATED':<16}  {'FEEDBACK':<10}  QUESTION"
+# `deepthread runs` and the chat's `/runs` fit a terminal of this width unless told another: one line a run.
+RUNS_WIDTH = 80
+RUNS_HEADER = f"{'ID':>6}  {'STATE':<9}  {'MODE':<12}  {'CREATED':<16}  {'FEEDBACK':<9}  QUESTION"
+# Narrower than this, a question says too little to be worth its column: it is left out.
+QUESTION_MIN_CELLS = 8
 
 
 def feedback_column(counts: FeedbackCounts | None) -> str:
@@ -31,13 +38,44 @@ def feedback_column(counts: FeedbackCounts | None) -> str:
     return f"👍 {counts.good} 👎 {counts.bad}" if counts is not None else "-"
 
 
-def recent_runs(sessions: Sessions, limit: int) -> list[str]:
-    """One line per run, newest first, with its 👍/👎 counts."""
+def recent_runs(sessions: Sessions, limit: int, width: int = RUNS_WIDTH) -> list[str]:
+    """One line per run, newest first, with its 👍/👎 counts, each at most `width` terminal cells: the question is
+    cut with "…" to fit (or left out on a terminal too narrow for it), never the id."""
     with sessions() as session:
         rows = session.scalars(select(Run).order_by(Run.id.desc()).limit(limit)).all()
         counts = feedback_counts(session, [run.id for run in rows])
-        return [f"{run.id:>5}  {run.state:<9}  {run.mode:<8}  {run.created_at:%Y-%m-%d %H:%M}  "
-                f"{feedback_column(counts.get(run.id)):<10}  {run.question[:70]}" for run in rows]
+        lines = []
+        for run in rows:
+            head = (f"{run.id:>6}  {run.state:<9}  {mode_name(run.mode):<12}  {run.created_at:%Y-%m-%d %H:%M}  "
+                    f"{_padded(feedback_column(counts.get(run.id)), 9)}  ")
+            room = width - cell_width(head)
+            question = cut_to_cells(" ".join(run.question.split()), room) if room >= QUESTION_MIN_CELLS else ""
+            lines.append((head + question).rstrip())
+        return lines
+
+
+def cell_width(text: str) -> int:
+    """How many terminal cells `text` takes: two for a wide character (an emoji, a CJK ideograph), none for a
+    combining mark."""
+    return sum(0 if unicodedata.combining(character) else 2 if unicodedata.east_asian_width(character) in "WF" else 1
+               for character in text)
+
+
+def cut_to_cells(text: str, cells: int) -> str:
+    """`text`, or as much of it as fits `cells` terminal cells with a visible "…" at the cut."""
+    if cell_width(text) <= cells:
+        return text
+    kept, used = [], 1  # the "…" takes a cell
+    for character in text:
+        used += cell_width(character)
+        if used > cells:
+            break
+        kept.append(character)
+    return "".join(kept).rstrip() + "…"
+
+
+def _padded(text: str, cells: int) -> str:
+    return text + " " * max(0, cells - cell_width(text))
 
 
 aexport_run = off_loop(export_run)

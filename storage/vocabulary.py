@@ -17,6 +17,15 @@ TERMINAL_STATES: frozenset[RunState] = frozenset({"done", "failed", "cancelled",
 RUN_STATES: frozenset[RunState] = frozenset(get_args(RunState))
 RUN_MODES: frozenset[RunMode] = frozenset(get_args(RunMode))
 
+# A mode as people read it, wherever runs are listed (the history, `deepthread runs`, the status lines): one word list.
+MODE_NAMES: dict[RunMode, str] = {"research": "research", "plan": "plan", "chat": "quick answer",
+                                  "followup": "follow-up"}
+
+
+def mode_name(mode: RunMode) -> str:
+    """`chat` → `quick answer`, `followup` → `follow-up`; research and plan by their own name."""
+    return MODE_NAMES[mode]
+
 
 def run_state(value: str) -> RunState:
     """`value` (a database row's or a request's string) as a run state; raises ValueError for any other word."""

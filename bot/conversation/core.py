@@ -39,6 +39,7 @@ from bot.conversation.suggestions import PastQuestion, suggested_prompts
 from chat.message import Content, FileUpload, MessageRef, Messenger, Place
 from chat.render import PlatformRenderer
 from chat.state import RunProgress, initial_progress
+from chat.text import shortened, single_line
 from research.report import EXPORTERS, ExportFormat, Report
 from storage.conversations import (
     NewRun,
@@ -213,7 +214,7 @@ class ConversationCore:
         place = Place(platform=event.platform, workspace=event.workspace, channel=event.channel, thread=thread)
         await self.messenger.upload(place, FileUpload(filename=f"deepthread-report-{run.id}.{output_format}",
                                                       data=EXPORTERS[output_format](report).encode("utf-8"),
-                                                      title=report.title[:200]))
+                                                      title=shortened(single_line(report.title), 200)))
         return Outcome()
 
     async def _latest_question(self, event: ChatEvent) -> PastQuestion | None:

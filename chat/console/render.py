@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.markdown import Markdown
 from rich.markup import escape
@@ -27,26 +28,27 @@ MARKS = {"done": "[green]✔[/]", "current": "[yellow]▶[/]", "waiting": "[dim]
 ENDINGS = {"done": "[green]Done[/]", "cancelled": "[yellow]Stopped[/]", "failed": "[red]Failed[/]",
            "timed_out": "[red]Timed out[/]"}
 WARNING_DISPLAY_LIMIT = 160
+WAITING_FOR_A_WORKER = "Waiting for a worker"
 # Lines of the live region kept for the run's status above a growing answer draft.
 STATUS_ROOM_LINES = 12
 MIN_DRAFT_LINES = 3
 
 
 def render_progress(progress: RunProgress, now: dt.datetime | None = None, *, you: str | None = None) -> RenderableType:
-    """The status panel: question, phase checklist, counts, bar, elapsed time, the latest warning, and a footer
-    with the run's id and how to stop it (or how it ended, "by you" when `you` stopped it)."""
+    """The status panel: question, phase checklist, bar, counts (or, while no worker has taken the run, that it waits
+    for one) and the time since it was asked for, the latest warning, and a footer with the run's id and how to stop
+    it (or how it ended, "by you" when `you` stopped it)."""
     now = now or dt.datetime.now(dt.timezone.utc)
     table = Table.grid(padding=(0, 1))
     for line in progress.phases:
         style = "bold" if line.status == "current" else ""
         table.add_row(MARKS[line.status], Text(line.label, style=style))
-    counts = counts_line(progress.counts)
     elapsed = format_elapsed(progress.elapsed_seconds(now))
     lines: list[RenderableType] = [
         Text.from_markup(f"[bold]{escape(progress.question)}[/]"),
         table,
         ProgressBar(total=100, completed=progress.percent, width=40),
-        Text.from_markup(f"{escape(counts)}  [dim]{elapsed}[/]" if counts else f"[dim]{elapsed}[/]"),
+        Text.from_markup(f"{_measures(progress)}  [dim]{elapsed}[/]".lstrip()),
     ]
     if progress.last_warning:
         warning = shortened(single_line(progress.last_warning), WARNING_DISPLAY_LIMIT)
@@ -55,13 +57,19 @@ def render_progress(progress: RunProgress, now: dt.datetime | None = None, *, yo
     return Group(*lines)
 
 
+def _measures(progress: RunProgress) -> str:
+    """What the run has done so far (its counts, as markup), or, while no worker has taken it, that it waits."""
+    if progress.state == "queued":
+        position = f" (position {progress.queue_position} in the queue)" if progress.queue_position else ""
+        return f"[yellow]{WAITING_FOR_A_WORKER}[/]{position}"
+    return escape(counts_line(progress.counts))
+
+
 def _footer(progress: RunProgress, you: str | None) -> str:
     """`Run 12 · ` and how to stop the run while it is in flight, or how it ended."""
     state = progress.state
-    if state == "queued" and progress.queue_position:
-        footer = f"[dim]Waiting: position {progress.queue_position} in the queue. Ctrl-C cancels.[/]"
-    elif state == "queued":
-        footer = "[dim]Waiting for a worker to start it. Ctrl-C cancels.[/]"
+    if state == "queued":
+        footer = "[dim]Ctrl-C cancels.[/]"
     elif state == "running":
         footer = "[dim]Ctrl-C stops the run and keeps what was found.[/]"
     elif state == "done" and progress.partial:
@@ -69,11 +77,12 @@ def _footer(progress: RunProgress, you: str | None) -> str:
         footer = "[yellow]⚠ Partial[/]" + (f" — {escape(progress.partial_reason)}" if progress.partial_reason else "")
     else:
         footer = ENDINGS.get(state, escape(state))
-    if state == "failed" and progress.error:
+    if state in ("failed", "timed_out") and progress.error:
         footer += f": {escape(progress.error)}"
     if state == "cancelled" and progress.cancelled_by:
         footer += " by you" if progress.cancelled_by == you else f" by {escape(_bare_user(progress.cancelled_by))}"
-    if progress.partial and progress.partial_reason and state != "done":
+    # A stopped or timed-out run is partial by nature ("Stopped by you" says it once); a failed one kept what it found.
+    if progress.partial and progress.partial_reason and state == "failed":
         footer += f" (partial: {escape(progress.partial_reason)})"
     # A status redrawn before its run is stored has no id yet (0).
     return f"[dim]Run {progress.run_id} ·[/] {footer}" if progress.run_id else footer
@@ -115,7 +124,7 @@ class ConsoleRenderer:
         runs = [*history.yours, *history.channel]
         if not runs:
             return Content(text=NO_RUNS_HERE)
-        return Content(text="\n".join(_history_row(run) for run in runs), extra={"rich": _history_table(runs)})
+        return Content(text="\n".join(_history_row(run) for run in runs), extra={"rich": HistoryTable(runs)})
 
 
 def _neutral_pieces(text: str) -> list[tuple[str, str | None]]:
@@ -152,23 +161,56 @@ def _bare_user_markup(user: str) -> str:
 
 
 NO_RUNS_HERE = "No runs yet in this terminal: ask a question to start one."
-QUESTION_DISPLAY_LIMIT = 70
+# Columns left out, in this order, when the table does not fit: the question first (narrower than this it says too
+# little), then the date, then the mode. The run id (what `/export` takes) and the state always stay, never cut.
+QUESTION_MIN_CELLS = 12
+DROPPED_FIRST = ("When (UTC)", "Mode")
+COLUMN_GAP = 2
 
 
 def _history_row(run: RunSummary) -> str:
     return f"{run.run_id}  {run.state}  {mode_name(run.mode)}  {run.created_at:%Y-%m-%d %H:%M}  {single_line(run.question)}"
 
 
-def _history_table(runs: list[RunSummary]) -> Table:
-    table = Table(box=None, header_style="dim", pad_edge=False)
-    # The run id is what `/export` takes: a narrow terminal squeezes the other columns, never the id.
-    table.add_column("Run", no_wrap=True, min_width=max(len(str(run.run_id)) for run in runs))
-    for heading in ("State", "Mode", "When (UTC)"):
-        table.add_column(heading, no_wrap=True)
-    table.add_column("Question", no_wrap=True, overflow="ellipsis")
-    for run in runs:
-        table.add_row(str(run.run_id), run.state, mode_name(run.mode), f"{run.created_at:%Y-%m-%d %H:%M}",
-                      Text(shortened(single_line(run.question), QUESTION_DISPLAY_LIMIT)))
+class HistoryTable:
+    """The history as a table as wide as the console allows: one line a run, the question cut with "…" to fit (or
+    left out), then the date and the mode; the run id and the state are never cut or wrapped."""
+
+    def __init__(self, runs: list[RunSummary]) -> None:
+        self.runs = runs
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield _history_table(self.runs, options.max_width)
+
+
+def _history_table(runs: list[RunSummary], width: int) -> Table:
+    cells: dict[str, list[str]] = {
+        "Run": [str(run.run_id) for run in runs],
+        "State": [run.state for run in runs],
+        "Mode": [mode_name(run.mode) for run in runs],
+        "When (UTC)": [f"{run.created_at:%Y-%m-%d %H:%M}" for run in runs],
+    }
+    widths = {heading: max(cell_len(text) for text in [heading, *column]) for heading, column in cells.items()}
+
+    def used(headings: list[str]) -> int:
+        return sum(widths[heading] for heading in headings) + COLUMN_GAP * (len(headings) - 1)
+
+    kept = list(cells)
+    questions = [single_line(run.question) for run in runs]
+    question_width = min(width - used(kept) - COLUMN_GAP, max(cell_len(text) for text in ["Question", *questions]))
+    if question_width < QUESTION_MIN_CELLS:
+        question_width = 0
+        for heading in DROPPED_FIRST:
+            if used(kept) > width:
+                kept.remove(heading)
+    table = Table(box=None, header_style="dim", pad_edge=False, padding=(0, COLUMN_GAP // 2))
+    for heading in kept:
+        table.add_column(heading, no_wrap=True, width=widths[heading])
+    if question_width:
+        table.add_column("Question", no_wrap=True, overflow="ellipsis", width=question_width)
+    for index, question in enumerate(questions):
+        row = [cells[heading][index] for heading in kept]
+        table.add_row(*row, *([Text(question)] if question_width else []))
     return table
 
 

@@ -20,14 +20,27 @@ Clock = Callable[[], float]
 
 NOT_CONFIGURED = "not configured"
 CIRCUIT_OPEN = "circuit open"
+# What a person sets in .env to make each provider usable (DuckDuckGo needs nothing).
+PROVIDER_SETTINGS = {"tavily": "TAVILY_API_KEY", "brave": "BRAVE_API_KEY", "exa": "EXA_API_KEY",
+                     "searxng": "SEARXNG_URL", "firecrawl": "FIRECRAWL_API_KEY"}
 
 
 class NoSearchProviderError(DeepthreadError):
-    """No provider could answer: none is usable, or every one failed for every query."""
+    """No provider could answer: none is usable, or every one failed for every query. `unset` names the settings
+    that would have made the providers asked usable."""
+
+    def __init__(self, *details: object, unset: Sequence[str] = ()) -> None:
+        super().__init__(*details)
+        self.unset = tuple(unset)
 
     @property
     def plain_reason(self) -> str:
-        return f"No search provider could answer. {self}".strip()
+        details = str(self).strip()
+        reason = f"No search provider could answer ({details})." if details else "No search provider could answer."
+        if self.unset:
+            settings = self.unset[0] if len(self.unset) == 1 else f"{', '.join(self.unset[:-1])} or {self.unset[-1]}"
+            reason += f" Set {settings} in .env, or SEARCH_PROVIDERS=auto to search DuckDuckGo, which needs no key."
+        return reason
 
 
 class ProviderUsage(BaseModel):
@@ -120,7 +133,7 @@ class SearchRouter:
             return []
         outcomes = await asyncio.gather(*(self._search_bounded(query) for query in queries))
         if not any(outcome.answered for outcome in outcomes):
-            raise NoSearchProviderError(self._failure_summary())
+            raise self._no_provider_error()
         found: dict[str, SearchResult] = {}
         # Registering after all queries finish, in query order, keeps `sN` ids independent of timing.
         for outcome in outcomes:
@@ -133,7 +146,7 @@ class SearchRouter:
         await self._announce_pending_skips()
         outcome = await self._search_bounded(query)
         if not outcome.answered:
-            raise NoSearchProviderError(self._failure_summary())
+            raise self._no_provider_error()
         return self._register(outcome)
 
     def effective_query(self, query: SearchQuery) -> SearchQuery:
@@ -250,11 +263,13 @@ class SearchRouter:
         for name, reason in pending:
             await self._skip(name, reason)
 
-    def _failure_summary(self) -> str:
-        """One line saying why each provider gave nothing."""
+    def _no_provider_error(self) -> NoSearchProviderError:
+        """The error for no provider answering: why each gave nothing, and the settings that would make the
+        providers not configured usable."""
         if not self._usage:
-            return "no search provider is configured"
+            return NoSearchProviderError("none is configured")
         reasons = self.skipped
-        return "all search providers failed: " + (
-            "; ".join(f"{name}: {reason}" for name, reason in reasons.items()) or "no provider is usable"
-        )
+        unset = [PROVIDER_SETTINGS[name] for name, reason in reasons.items()
+                 if reason == NOT_CONFIGURED and name in PROVIDER_SETTINGS]
+        summary = "; ".join(f"{name}: {reason}" for name, reason in reasons.items()) or "none is usable"
+        return NoSearchProviderError(summary, unset=unset)

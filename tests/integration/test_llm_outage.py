@@ -103,3 +103,4 @@ def test_every_renderer_shows_the_digest_with_the_reason_in_plain_words(corpus: 
         assert "stopped answering (HTTP 503) while writing the report" in text, platform
         assert "Partial report" in text, platform
         assert first_source.url in text, platform
+        assert "Written by AI" not in text, f"{platform}: the digest quotes the sources, no model wrote it"

@@ -82,11 +82,11 @@ class Threads:
             return set(session.scalars(select(model.id)))
 
 
-def test_parse_age_reads_minutes_hours_days_and_weeks() -> None:
-    assert [parse_age(text) for text in ("90d", "12h", "2w", "30m", " 7D ")] == [
+def test_parse_age_reads_minutes_hours_days_weeks_and_months() -> None:
+    assert [parse_age(text) for text in ("90d", "12h", "2w", "30min", " 7D ", "3mo")] == [
         dt.timedelta(days=90), dt.timedelta(hours=12), dt.timedelta(weeks=2), dt.timedelta(minutes=30),
-        dt.timedelta(days=7)]
-    for bad in ("90", "d", "0d", "1y", "-3d", "1.5d", ""):
+        dt.timedelta(days=7), dt.timedelta(days=90)]
+    for bad in ("90", "d", "0d", "1y", "-3d", "1.5d", "", "30m"):
         with pytest.raises(ValueError):
             parse_age(bad)
 

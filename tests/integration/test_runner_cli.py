@@ -123,6 +123,28 @@ def test_cli_research_stores_a_done_run_whose_exports_round_trip(corpus: Corpus,
     assert as_markdown.strip() == (tmp_path / "report.md").read_text().strip()
 
 
+def test_cli_plan_ends_with_the_command_that_runs_it_and_that_command_follows_the_plan(
+        corpus: Corpus, environment: str, tmp_path) -> None:
+    runner = CliRunner()
+    planned = runner.invoke(app, ["plan", QUESTION])
+    assert planned.exit_code == 0, planned.output
+    assert planned.stdout.count("Research plan:") == 1 and "→" not in planned.stdout
+    assert "latest` — looking for news" in planned.stdout
+    last_line = planned.stderr.strip().splitlines()[-1]
+    match = re.fullmatch(r"Run this plan: deepthread research --plan (\d+)", last_line)
+    assert match, planned.stderr
+    plan_id = int(match.group(1))
+
+    researched = runner.invoke(app, ["research", "--plan", str(plan_id), "--out", str(tmp_path / "report.md")])
+    assert researched.exit_code == 0, researched.output
+    with sessions_for(environment)() as session:
+        plan_run = session.get(Run, plan_id)
+        run = session.scalars(select(Run).order_by(Run.id.desc())).first()
+        assert (run.mode, run.state, run.question) == ("research", "done", QUESTION)
+        assert run.plan == plan_run.report_json["plan"]
+    assert "## Sources" in (tmp_path / "report.md").read_text()
+
+
 def test_cli_rejects_an_empty_question_and_a_bad_date(environment: str) -> None:
     runner = CliRunner()
     assert runner.invoke(app, ["research", "   "]).exit_code == 2

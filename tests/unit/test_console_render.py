@@ -88,8 +88,8 @@ def test_the_renderer_passes_who_is_at_the_terminal() -> None:
 
 @pytest.mark.parametrize(("changes", "footer"), [
     ({"state": "running"}, "Run 12 · Ctrl-C stops the run and keeps what was found."),
-    ({"state": "queued", "queue_position": 2}, "Run 12 · Waiting: position 2 in the queue. Ctrl-C cancels."),
-    ({"state": "queued"}, "Run 12 · Waiting for a worker to start it. Ctrl-C cancels."),
+    ({"state": "queued", "queue_position": 2}, "Run 12 · Ctrl-C cancels."),
+    ({"state": "queued"}, "Run 12 · Ctrl-C cancels."),
     ({"state": "done"}, "Run 12 · Done"),
     ({"state": "failed", "error": "the model refused"}, "Run 12 · Failed: the model refused"),
     ({"state": "timed_out"}, "Run 12 · Timed out"),
@@ -122,3 +122,50 @@ def test_a_narrow_terminal_shortens_the_history_but_never_a_run_id() -> None:
 def test_a_partial_run_ends_reading_partial_never_done(changes: dict[str, Any], footer: str) -> None:
     text = screen(progress(**changes))
     assert text.splitlines()[-1] == footer and "Done" not in text
+
+
+def queued(**changes: Any) -> RunProgress:
+    """A chat question asked 30 s before NOW that no worker has taken yet."""
+    start = initial_progress(run_id=12, mode="chat", question="What is a tidal turbine?", requested_by=YOU,
+                             requested_at=NOW - dt.timedelta(seconds=30))
+    return start.model_copy(update=changes)
+
+
+def test_a_queued_run_says_it_waits_for_a_worker_and_counts_from_the_request() -> None:
+    text = screen(queued())
+    assert "Waiting for a worker  30 s" in text.splitlines()
+    later = Console(record=True, width=100, file=io.StringIO())
+    later.print(render_progress(queued(), NOW + dt.timedelta(seconds=15), you=YOU))
+    assert "Waiting for a worker  45 s" in later.export_text().splitlines()
+
+
+def test_a_queued_run_waiting_behind_others_says_so_with_its_place() -> None:
+    assert "Waiting for a worker (position 2 in the queue)  30 s" in screen(queued(queue_position=2)).splitlines()
+
+
+def test_a_run_a_worker_took_counts_its_time_from_the_request_not_from_its_start() -> None:
+    taken = queued(state="running", started_at=NOW - dt.timedelta(seconds=1))
+    text = screen(taken)
+    assert "30 s" in text.splitlines() and "1 s" not in text.splitlines()
+    assert "Waiting for a worker" not in text
+
+
+def test_a_stored_runs_progress_counts_from_when_it_was_asked_for() -> None:
+    from storage.models import Run
+
+    run = Run(id=12, mode="chat", question="Why?", requested_by=YOU, attempt=0, state="queued",
+              created_at=NOW - dt.timedelta(seconds=30))
+    assert RunProgress.for_run(run).elapsed_seconds(NOW) == 30
+
+
+def test_a_run_stopped_at_the_terminal_says_it_was_stopped_once() -> None:
+    stopped = progress(state="cancelled", cancelled_by="you (Ctrl-C)", partial=True, partial_reason="stopped by user")
+    footer = screen(stopped, you=None).splitlines()[-1]
+    assert footer == "Run 12 · Stopped by you (Ctrl-C)"
+
+
+def test_a_timed_out_run_says_why_once() -> None:
+    timed_out = progress(state="timed_out", partial=True, partial_reason="timed out",
+                         error="The run passed its hard deadline of 660 s and was stopped.")
+    footer = screen(timed_out).splitlines()[-1]
+    assert footer == "Run 12 · Timed out: The run passed its hard deadline of 660 s and was stopped."

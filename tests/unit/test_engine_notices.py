@@ -130,6 +130,45 @@ def test_report_written_and_then_stopped_keeps_its_own_title_and_the_stopped_lin
     assert "1 of 1 sentence verified" in render_markdown(report)
 
 
+def test_a_report_no_model_wrote_does_not_say_an_ai_wrote_it_nor_that_it_is_partial_twice() -> None:
+    report = unfinished_report(stopped_while_reading(), reason="stopped by user", stopped_by_user=True)
+    assert not report.written_by_ai
+    for document in (render_markdown(report), render_html(report)):
+        assert "Written by AI" not in document and "check the citations" not in document
+        assert "Partial report" not in document
+    assert render_markdown(report).count("stopped") == 2  # in its title, and in its first line
+    timed_out = unfinished_report(stopped_while_reading(), reason="timed out")
+    assert "Written by AI" not in render_markdown(timed_out) and "Partial report: timed out." in render_markdown(timed_out)
+
+
+def test_a_report_the_model_wrote_before_it_was_stopped_says_an_ai_wrote_it() -> None:
+    state = stopped_while_reading()
+    state.audit = AuditResult(
+        body_markdown="# Zorblax turbines\n\nThe array delivered 1,011 kWh [1].",
+        sources=[ReportSource(number=1, source_id="s1", title="Zorblax report", url="https://alpha.example/zorblax")],
+    )
+    report = unfinished_report(state, reason="stopped by user", stopped_by_user=True)
+    assert report.written_by_ai and "Written by AI from the sources listed" in render_markdown(report)
+
+
+def test_the_no_sources_notice_does_not_say_an_ai_wrote_it() -> None:
+    options = ResearchOptions(max_seconds=30, max_rounds=2, max_sources=4, max_searches=6)
+    report = asyncio.run(engine.research(QUESTION, options=options, tools=finding_nothing(), events=Recorder()))
+    assert report is not None and report.body_markdown == NO_SOURCES_NOTICE
+    assert "Written by AI" not in render_markdown(report) and "Written by AI" not in render_html(report)
+
+
+def test_a_quick_answers_title_cuts_a_long_question_with_an_ellipsis() -> None:
+    import datetime as dt
+
+    model = FakeLLM(default_research_model)
+    question = "Why " * 30 + "is the sea salty?"
+    report = asyncio.run(engine.chat(question, history=[], llm=LLMClient(model.config(), http_client=model.http_client()),
+                                     today=dt.date(2025, 1, 1), events=Recorder()))
+    assert report is not None and report.title.endswith("Why…") and len(report.title) <= 80
+    assert render_markdown(report).startswith(f"# {report.title}\n")
+
+
 def test_timed_out_report_says_it_is_incomplete_and_why() -> None:
     report = unfinished_report(stopped_while_reading(), reason="timed out")
     assert report.title == f"Research incomplete: {QUESTION}"

@@ -86,8 +86,11 @@ def test_the_docstring_draws_no_error_that_does_not_exist() -> None:
     (StructuredOutputError("not valid JSON", task="decompose", last_answer="{"),
      "The language model did not return a valid answer: not valid JSON"),
     (LLMError("the model returned an empty answer"), "The language model failed: the model returned an empty answer"),
-    (NoSearchProviderError("tavily: rate limited"), "No search provider could answer. tavily: rate limited"),
+    (NoSearchProviderError("tavily: rate limited"), "No search provider could answer (tavily: rate limited)."),
     (NoSearchProviderError(), "No search provider could answer."),
+    (NoSearchProviderError("tavily: not configured; brave: not configured", unset=["TAVILY_API_KEY", "BRAVE_API_KEY"]),
+     "No search provider could answer (tavily: not configured; brave: not configured). Set TAVILY_API_KEY or "
+     "BRAVE_API_KEY in .env, or SEARCH_PROVIDERS=auto to search DuckDuckGo, which needs no key."),
     (SearchProviderError("brave", "server", status=502),
      "Internal error (SearchProviderError); the gathered sources were kept."),
     (CpuWorkerDied("killed"), "Internal error (CpuWorkerDied); the gathered sources were kept."),

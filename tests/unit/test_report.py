@@ -339,3 +339,39 @@ def test_notes_on_how_a_report_was_made_are_in_every_footer() -> None:
 
     assert any("left out to fit" in line for line in footer_lines(report))
     assert "left out to fit" in render_markdown(report) and "left out to fit" in render_html(report)
+
+
+# -- what the exported page says about itself ------------------------------------------------------------------------
+
+def test_html_says_when_the_report_was_written() -> None:
+    written = dt.datetime(2025, 3, 1, 14, 5, 30, tzinfo=dt.timezone(dt.timedelta(hours=2)))
+    document = render_html(make_report(created_at=written))
+    assert '<p class="written">Written <time datetime="2025-03-01T12:05Z">1 March 2025, 12:05 UTC</time></p>' in document
+    assert document.index('class="written"') < document.index("<h2>Summary</h2>")
+
+
+def test_a_cited_passage_is_shown_without_the_page_title_its_text_starts_with() -> None:
+    report = make_report(cited_passages=[
+        CitedPassage(id="p2", source_id="s2", source_number=1, text="Renewables 2024\nSolar grew by 45% in 2023."),
+        CitedPassage(id="p3", source_id="s2", source_number=1, text="Renewables\nWind grew by 9% in 2023."),
+        CitedPassage(id="p1", source_id="s1", source_number=2, text="Tower history of Paris\nOpened in 1889."),
+    ])
+    document = render_html(report)
+    assert "<blockquote>Solar grew by 45% in 2023.</blockquote>" in document
+    assert "<blockquote>Wind grew by 9% in 2023.</blockquote>" in document  # the heading is the title's first words
+    # A first line that is not the source's title is the passage's own text.
+    assert "<blockquote>Tower history of Paris Opened in 1889.</blockquote>" in document
+    assert "Renewables 2024 Solar" not in document
+
+
+def test_a_passage_that_is_only_the_title_keeps_it() -> None:
+    report = make_report(cited_passages=[CitedPassage(id="p2", source_id="s2", source_number=1,
+                                                      text="Renewables 2024")])
+    assert "<blockquote>Renewables 2024</blockquote>" in render_html(report)
+
+
+def test_no_cost_is_shown_when_the_run_cost_nothing_as_when_no_price_is_set() -> None:
+    free = make_report(usage=UsageSummary(total_tokens=12_345, cost=0.0, seconds=41.2))
+    for document in (render_markdown(free), render_html(free)):
+        assert "12,345 tokens · 41 s" in document and "$" not in document
+    assert "12,345 tokens · $0.0123 · 41 s" in render_html(make_report())

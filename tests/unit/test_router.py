@@ -105,6 +105,18 @@ async def test_no_usable_provider_raises(api: FakeSearchAPI, http: httpx.AsyncCl
         await router.search([SearchQuery(text="q")])
 
 
+async def test_providers_without_their_settings_are_named_with_the_setting_to_set(
+        api: FakeSearchAPI, http: httpx.AsyncClient, recorder: EventRecorder) -> None:
+    api.set_failure("brave", status=429, headers={"Retry-After": "999"})
+    router = make_router(api, http, recorder, providers=["tavily", "brave", "searxng"], tavily_api_key=None,
+                         searxng_url=None)
+    with pytest.raises(NoSearchProviderError) as caught:
+        await router.search([SearchQuery(text="q")])
+    reason = caught.value.plain_reason
+    assert reason.startswith("No search provider could answer (") and "brave: rate limited" in reason
+    assert "Set TAVILY_API_KEY or SEARXNG_URL in .env" in reason and "all search providers failed" not in reason
+
+
 async def test_one_query_failing_everywhere_does_not_sink_the_others(
     api: FakeSearchAPI, http: httpx.AsyncClient, recorder: EventRecorder,
 ) -> None:

@@ -109,12 +109,12 @@ async def test_runs_before_any_run_says_there_is_none(terminal: Terminal) -> Non
 
 
 async def test_runs_lists_every_platforms_runs_as_deepthread_runs_does(terminal: Terminal) -> None:
-    terminal.add_run("Asked in the terminal")
-    terminal.add_run("Asked in Slack", place=SLACK_CHANNEL, requester="slack:U1", state="cancelled")
+    terminal.add_run("In the terminal")
+    terminal.add_run("In Slack", place=SLACK_CHANNEL, requester="slack:U1", state="cancelled")
     screen = await terminal.type("/runs")
     for line in [RUNS_HEADER, *recent_runs(terminal.sessions, 20)]:
         assert line.rstrip() in screen
-    assert screen.index("Asked in Slack") < screen.index("Asked in the terminal")
+    assert screen.index("In Slack") < screen.index("In the terminal")
 
 
 # -- export ------------------------------------------------------------------------------------------
