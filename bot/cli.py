@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -449,7 +450,17 @@ def _chat(worker_log: Path | None = None) -> None:
 @app.command()
 def up() -> None:
     """Run deepthread: migrate, start a worker and every adapter whose tokens are set (or the terminal chat)."""
-    from bot.supervisor import Child, Supervisor
+    _up()
+
+
+def _up(worker_argv: list[str] | None = None) -> None:
+    """`deepthread up`; `worker_argv` runs instead of `deepthread worker` (tests).
+
+    SIGTERM, SIGHUP and Ctrl-C stop it like leaving the chat. Leaving the chat, the prompt comes back at once and the
+    worker stops in the background (`Supervisor.stop_in_background`); otherwise `up` exits once its children have."""
+    import os
+
+    from bot.supervisor import Child, Supervisor, ignore_stop_signals, interrupt_on_stop_signals
 
     settings = settings_or_exit()
     _require_llm(settings)
@@ -458,8 +469,9 @@ def up() -> None:
     interactive = not adapters and sys.stdin.isatty()
     logs = Path(settings.data_dir) / "logs"
     # With the chat on screen, the children write to files: nothing may print over the conversation.
-    children = [Child("worker", log_path=logs / "worker.log" if interactive else None)]
+    children = [Child("worker", log_path=logs / "worker.log" if interactive else None, argv=worker_argv)]
     children.extend(Child(adapter) for adapter in adapters)
+    interrupt_on_stop_signals()
     supervisor = Supervisor(children).start()
     try:
         if interactive:
@@ -475,7 +487,22 @@ def up() -> None:
     except KeyboardInterrupt:
         pass
     finally:
-        supervisor.stop()
+        ignore_stop_signals()  # a second signal must not cut the stop short and leave a child running
+        if interactive:
+            _tell("Stopping the worker…")
+            supervisor.stop_in_background(data_dir=None if settings.redis_url else os.path.abspath(settings.data_dir),
+                                          log_path=logs / "worker.log")
+        else:
+            _tell(f"Stopping {', '.join(child.command for child in children)}…")
+            supervisor.stop()
+
+
+def _tell(line: str) -> None:
+    """`line` on stderr, unless the terminal is gone (a hang-up)."""
+    try:
+        typer.echo(line, err=True)
+    except OSError:
+        pass
 
 
 @app.command("worker")
@@ -586,8 +613,19 @@ def discord_invite() -> None:
     typer.echo(invite_url(settings.discord_application_id))
 
 
+# The shell's code for a death by SIGTERM, for a command stopped before (or without) its own handling of it.
+TERMINATED_EXIT_CODE = 128 + signal.SIGTERM
+
+
+def _exit_on_sigterm(_signal: int, _frame: object) -> None:
+    raise SystemExit(TERMINATED_EXIT_CODE)
+
+
 def main() -> None:
     """`deepthread`'s entry point: the command, then an exit that leaves the process's objects to the system."""
+    # Until a command handles SIGTERM itself (the worker, the bots, the chat and `up` stop cleanly and exit 0), it ends
+    # the process through its exit hooks, so the last user of the embedded Redis stops it, even while starting up.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         app(prog_name="deepthread")
     finally:

@@ -2,11 +2,19 @@
 
 Its own process group keeps a terminal's Ctrl-C (meant for the chat's run) away from the worker; a child that
 dies (a crash, the OOM killer) is started again with a growing pause, and on exit every child's group is asked
-to stop and, if it will not, killed.
+to stop (SIGTERM) and, if it has not within STOP_GRACE_SECONDS, killed.
+
+Stopping takes one of two shapes. Under a service manager (`stop`), `up` waits for its children, so it exits only
+once they have. Leaving the terminal chat (`stop_in_background`), it signals them and exits at once, so the shell's
+prompt comes back: a reaper (`python -m bot.supervisor`), in a session of its own and writing only to a log file,
+kills what is still running after the grace and then stops the embedded Redis a killed child could not let go of.
+The children and the reaper then belong to init, which collects them when they exit: no zombie, no orphan, and
+nothing printed over the prompt.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import signal
@@ -14,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -25,7 +33,11 @@ FIRST_RESTART_PAUSE_SECONDS = 1.0
 LONGEST_RESTART_PAUSE_SECONDS = 30.0
 # A child that ran this long before dying is not in a crash loop: its next restart pauses briefly again.
 STABLE_AFTER_SECONDS = 60.0
-STOP_GRACE_SECONDS = 15.0
+# A child still running this long after SIGTERM is killed: every child is gone within 10 s of a stop.
+STOP_GRACE_SECONDS = 8.0
+# After SIGKILL: how long a group may take to empty before the reaper (or `stop`) gives up waiting for it.
+KILL_WAIT_SECONDS = 5.0
+REAP_POLL_SECONDS = 0.05
 
 
 @dataclass
@@ -57,14 +69,30 @@ class Child:
 
     def stop(self, grace: float = STOP_GRACE_SECONDS) -> None:
         """Ask the child's process group to stop (SIGTERM), then kill it if it has not within `grace` seconds."""
+        self.ask_to_stop()
+        self.wait_stopped(grace)
+
+    def wait_stopped(self, grace: float) -> None:
+        """Wait up to `grace` seconds for the child to exit, then kill its process group and wait for it."""
         process = self.process
-        if process is not None and process.poll() is None:
-            _signal_group(process, signal.SIGTERM)
-            try:
-                process.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                _signal_group(process, signal.SIGKILL)
-                process.wait(timeout=5)
+        if process is None:
+            return
+        try:
+            process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            _signal_group(process, signal.SIGKILL)
+            process.wait(timeout=KILL_WAIT_SECONDS)
+
+    def ask_to_stop(self) -> int | None:
+        """Send SIGTERM to the child's process group without waiting; its group id when it was running."""
+        process = self.process
+        self.close_log()  # the child writes to its own copy of the file
+        if process is None or process.poll() is not None:
+            return None
+        _signal_group(process, signal.SIGTERM)
+        return process.pid
+
+    def close_log(self) -> None:
         if self._log is not None:
             self._log.close()
             self._log = None
@@ -88,6 +116,8 @@ class Supervisor:
         self.clock = clock
         self.on_restart = on_restart
         self._stopping = threading.Event()
+        # Held from a restart's check to its start, so that no child is started after `stop` has signalled the rest.
+        self._starting = threading.Lock()
         # Waits out a restart pause; True when `stop()` came first.
         self._pause = pause or self._stopping.wait
         self._thread: threading.Thread | None = None
@@ -114,10 +144,13 @@ class Supervisor:
         if self._pause(child.pause):
             return False
         code = child.process.returncode
-        logger.warning("deepthread %s exited (code %s); starting it again", child.command, code)
-        child.pause = min(LONGEST_RESTART_PAUSE_SECONDS, child.pause * 2)
-        child.restarts += 1
-        child.start()
+        with self._starting:
+            if self._stopping.is_set():
+                return False
+            logger.warning("deepthread %s exited (code %s); starting it again", child.command, code)
+            child.pause = min(LONGEST_RESTART_PAUSE_SECONDS, child.pause * 2)
+            child.restarts += 1
+            child.start()
         if self.on_restart is not None:
             self.on_restart(child, code)
         return True
@@ -127,7 +160,118 @@ class Supervisor:
         while not self._stopping.wait(1.0):
             pass
 
-    def stop(self) -> None:
-        self._stopping.set()
+    def stop(self, grace: float = STOP_GRACE_SECONDS) -> None:
+        """Ask every child to stop at once, then wait until each has exited (killed after `grace` seconds)."""
+        with self._starting:
+            self._stopping.set()
+        stopping = [child for child in self.children if child.process is not None and child.alive]
+        for child in stopping:
+            child.ask_to_stop()
+        deadline = time.monotonic() + grace
+        for child in stopping:
+            child.wait_stopped(max(0.0, deadline - time.monotonic()))
         for child in self.children:
-            child.stop()
+            child.close_log()
+
+    def stop_in_background(self, *, data_dir: str | None = None, log_path: Path | None = None,
+                           grace: float = STOP_GRACE_SECONDS) -> subprocess.Popen[bytes] | None:
+        """Ask every child to stop (SIGTERM) and return at once, leaving a detached reaper to kill any still running
+        after `grace` seconds and, with `data_dir` (the embedded Redis's), to stop that Redis if a killed child held it
+        last. The reaper writes to `log_path` (appended), never to the terminal; None when no child was running."""
+        with self._starting:
+            self._stopping.set()
+        groups = [group for child in self.children if (group := child.ask_to_stop()) is not None]
+        if not groups:
+            return None
+        argv = [sys.executable, "-m", "bot.supervisor", "--grace", str(grace)]
+        if data_dir is not None:
+            argv += ["--data-dir", data_dir]
+        argv += [str(group) for group in groups]
+        log: IO[bytes] | int = subprocess.DEVNULL
+        if log_path is not None:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            log = open(log_path, "ab")  # noqa: SIM115  (the reaper's copy outlives ours, closed below)
+        try:
+            return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        finally:
+            if not isinstance(log, int):
+                log.close()
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def interrupt_on_stop_signals() -> None:
+    """Make SIGTERM and SIGHUP raise KeyboardInterrupt in the main thread, as Ctrl-C does, so that a service manager's
+    stop or a closed terminal ends `up` through its clean-up."""
+    def interrupt(_signal: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    for sent in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sent, interrupt)
+
+
+def ignore_stop_signals() -> None:
+    """Ignore SIGINT, SIGTERM and SIGHUP from now on: a stop under way, bounded by its grace, is not cut short (the
+    reaper, which inherits this, puts the defaults back)."""
+    for sent in STOP_SIGNALS:
+        signal.signal(sent, signal.SIG_IGN)
+
+
+def _group_exists(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap(groups: Sequence[int], *, grace: float = STOP_GRACE_SECONDS, data_dir: str | None = None,
+         clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> list[int]:
+    """Wait until each process group of `groups` is empty, killing (SIGKILL) the groups still there `grace` seconds
+    from now; then, with `data_dir`, stop the embedded Redis there if no live process holds it (whichever of the last
+    holder and this comes later stops it). Returns the groups it killed; gives up KILL_WAIT_SECONDS after the kill."""
+    deadline = clock() + grace
+    killed: list[int] = []
+    while remaining := [group for group in groups if _group_exists(group)]:
+        now = clock()
+        if now >= deadline + KILL_WAIT_SECONDS:
+            logger.warning("gave up waiting for process groups %s", remaining)
+            break
+        if now >= deadline:
+            for group in remaining:
+                if group not in killed:
+                    logger.warning("process group %d did not stop within %.0f s of SIGTERM: killed", group, grace)
+                    try:
+                        os.killpg(group, signal.SIGKILL)
+                    except ProcessLookupError:  # it emptied meanwhile
+                        pass
+                    killed.append(group)
+        sleep(REAP_POLL_SECONDS)
+    if data_dir is not None:
+        from storage.redis import stop_embedded_if_unheld
+
+        stop_embedded_if_unheld(data_dir)
+    return killed
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`python -m bot.supervisor`: the reaper `stop_in_background` starts."""
+    parser = argparse.ArgumentParser(prog="python -m bot.supervisor",
+                                     description="Stop what `deepthread up` left stopping, after it has exited.")
+    parser.add_argument("groups", nargs="*", type=int, help="process groups already sent SIGTERM")
+    parser.add_argument("--grace", type=float, default=STOP_GRACE_SECONDS, help="seconds before SIGKILL")
+    parser.add_argument("--data-dir", help="the embedded Redis's DATA_DIR, to stop it if no one holds it")
+    arguments = parser.parse_args(argv)
+    for sent in STOP_SIGNALS:  # ignored by `up` while it stopped, and inherited
+        signal.signal(sent, signal.SIG_DFL)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    killed = reap(arguments.groups, grace=arguments.grace, data_dir=arguments.data_dir)
+    logger.info("deepthread up's children have stopped%s", f" ({len(killed)} killed)" if killed else "")
+
+
+if __name__ == "__main__":
+    main()

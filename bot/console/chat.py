@@ -6,16 +6,25 @@ redraws its status in place, shows a chat or follow-up answer as the model write
 and prints the report. Ctrl-C stops the running job (a second
 Ctrl-C, or Ctrl-C at the prompt, leaves). The terminal's own commands (`/help`, `/history`, `/runs`,
 `/export`, `/quit`) are answered here and never reach the core.
+
+Leaving never waits: SIGTERM and SIGHUP (the terminal closed) leave like Ctrl-C at the prompt, also during a run, and
+the prompt is read in a daemon thread, so a line still being typed when the chat leaves does not hold the process
+(`asyncio.to_thread`'s executor is waited for at exit, and `input()` returns only when Enter is pressed).
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
+import os
 import signal
+import sys
+import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -45,6 +54,9 @@ from storage.shared_limits import live_workers
 
 SLASH = {"/research": "research:", "/plan": "plan:", "/ask": "ask:"}
 POLL_SECONDS = 0.2
+PROMPT = "› "
+# Each leaves the chat at once, at the prompt or during a run (where a first Ctrl-C only stops the run).
+LEAVE_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 GREETING = ("deepthread — ask a question, or start with /research, /plan or /ask. Type [bold]/help[/] for the rest; "
             "[bold]/quit[/] (or Ctrl-D) leaves.")
 HISTORY_LIMIT = 10
@@ -124,6 +136,31 @@ def chat_command(line: str) -> ChatCommand | None:
     return None
 
 
+def read_prompt_line(prompt: str) -> str:
+    """The line typed after `prompt`, without its line break; raises EOFError at the end of the input.
+
+    `input()` on a terminal; from a pipe or file, read unbuffered from the file descriptor: `input()` there holds
+    stdin's buffer lock while it waits, and a read still waiting when the chat leaves made the interpreter's exit abort.
+    """
+    try:
+        descriptor = sys.stdin.fileno()
+    except (AttributeError, OSError, ValueError):  # no file behind it (a test's stand-in)
+        return input(prompt)
+    if sys.stdin.isatty() and sys.stdout.isatty():
+        return input(prompt)
+    sys.stdout.write(prompt)
+    sys.stdout.flush()
+    typed = bytearray()
+    while not typed.endswith(b"\n"):
+        byte = os.read(descriptor, 1)
+        if not byte:
+            break
+        typed += byte
+    if not typed:
+        raise EOFError
+    return typed.decode(sys.stdin.encoding or "utf-8", errors="replace").removesuffix("\n")
+
+
 def help_text() -> RenderableType:
     """What the terminal can do, written for the terminal (no reactions, mentions or markup shown raw)."""
     table = Table.grid(padding=(0, 2))
@@ -197,7 +234,7 @@ class TerminalChat:
     """
 
     def __init__(self, core: ConversationCore, sessions: Sessions, messenger: ConsoleMessenger,
-                 console: Console, read_line: Callable[[str], str] = input, *, exports: Path | None = None,
+                 console: Console, read_line: Callable[[str], str] = read_prompt_line, *, exports: Path | None = None,
                  workers_alive: Callable[[], list[str]] | None = None, no_worker: str = NO_WORKER,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
@@ -215,6 +252,8 @@ class TerminalChat:
         self.clock = clock
         self.sleep = sleep
         self.answer_drafts = answer_drafts or AnswerDraftReader(self.core.queue.redis)
+        self._leaving = asyncio.Event()
+        self._handling: dict[signal.Signals, Callable[[signal.Signals], None]] = {}
 
     @property
     def exports(self) -> Path:
@@ -225,23 +264,80 @@ class TerminalChat:
         return self._exports
 
     async def run(self) -> None:
-        """Read lines until /quit, Ctrl-D or Ctrl-C at the prompt: commands answered here, the rest to the core."""
+        """Read lines until /quit, Ctrl-D, or Ctrl-C (SIGTERM, SIGHUP) at the prompt: commands answered here, the rest
+        to the core. A signal leaves at once, also during a run."""
         self.console.print(GREETING, highlight=False)
-        while True:
-            try:
-                line = await asyncio.to_thread(self.read_line, "› ")
-            except (EOFError, KeyboardInterrupt):
-                self.console.print()
-                return
-            if not line.strip():
-                continue
-            command = chat_command(line)
-            if command is None:
-                await self.say(line)
-            elif command.name == "quit":
-                return
-            else:
-                await self.obey(command)
+        with self._signals_call(self._leave, *LEAVE_SIGNALS):
+            while not self._leaving.is_set():
+                line = await self._next_line()
+                if line is None:
+                    self.console.print()  # the prompt's line is left unfinished
+                    return
+                if not line.strip():
+                    continue
+                command = chat_command(line)
+                if command is None:
+                    await self.say(line)
+                elif command.name == "quit":
+                    return
+                else:
+                    await self.obey(command)
+
+    def _leave(self, _: signal.Signals) -> None:
+        self._leaving.set()
+
+    @contextmanager
+    def _signals_call(self, callback: Callable[[signal.Signals], None], *signals: signal.Signals) -> Iterator[None]:
+        """`callback(signal)` on each of `signals` while inside; after, what handled them before (the chat's own
+        handler, or the process's)."""
+        loop = asyncio.get_running_loop()
+        saved = {sent: (self._handling.get(sent), signal.getsignal(sent)) for sent in signals}
+        for sent in signals:
+            loop.add_signal_handler(sent, callback, sent)
+            self._handling[sent] = callback
+        try:
+            yield
+        finally:
+            for sent, (outer, before) in saved.items():
+                if outer is not None:
+                    loop.add_signal_handler(sent, outer, sent)
+                    self._handling[sent] = outer
+                    continue
+                loop.remove_signal_handler(sent)
+                del self._handling[sent]
+                if before is not None:
+                    signal.signal(sent, before)
+
+    async def _next_line(self) -> str | None:
+        """The next line typed at the prompt, or None when the person leaves (Ctrl-D, a signal, a closed terminal)."""
+        loop = asyncio.get_running_loop()
+        typed: asyncio.Future[str] = loop.create_future()
+        threading.Thread(target=self._read_into, args=(loop, typed), name="terminal-prompt", daemon=True).start()
+        leaving = asyncio.ensure_future(self._leaving.wait())
+        try:
+            await asyncio.wait((typed, leaving), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            leaving.cancel()
+        if not typed.done():
+            typed.cancel()  # a line typed later goes nowhere
+            return None
+        try:
+            return typed.result()
+        except (EOFError, KeyboardInterrupt, OSError):
+            return None
+
+    def _read_into(self, loop: asyncio.AbstractEventLoop, typed: asyncio.Future[str]) -> None:
+        """Read one line at the prompt (in the prompt's thread) and settle `typed` with it, or with what was raised."""
+        try:
+            line = self.read_line(PROMPT)
+        except BaseException as error:  # noqa: BLE001  (EOFError, a closed terminal's OSError: for the chat to judge)
+            settle = functools.partial(_settle_with_error, typed, error)
+        else:
+            settle = functools.partial(_settle_with_line, typed, line)
+        try:
+            loop.call_soon_threadsafe(settle)
+        except RuntimeError:  # the loop has closed: the chat left while the line was being typed
+            pass
 
     async def obey(self, command: ChatCommand) -> None:
         """Answer one of the terminal's own commands (all but quit); nothing reaches the core."""
@@ -275,21 +371,19 @@ class TerminalChat:
     async def follow(self, run_id: int) -> None:
         """Redraw the run's status from its stored events, and its answer as it is written, until it ends; Ctrl-C
         cancels it."""
-        loop = asyncio.get_running_loop()
         stop_requests = 0
 
-        def on_interrupt() -> None:
+        def on_interrupt(sent: signal.Signals) -> None:
             nonlocal stop_requests
             stop_requests += 1
             if stop_requests == 1:
                 self.core.queue.cancel(run_id, TERMINAL_USER)
             else:
-                raise KeyboardInterrupt
+                self._leave(sent)
 
-        loop.add_signal_handler(signal.SIGINT, on_interrupt)
         watch = WorkerWatch(NO_WORKER_GRACE_SECONDS, self.clock)
         draft = AnswerDraftView(self.messenger, self.renderer, _place(self.thread))
-        try:
+        with self._signals_call(on_interrupt, signal.SIGINT):
             run = await aload_run(self.sessions, run_id)
             if run is None:
                 raise LookupError(f"no run {run_id}")
@@ -299,7 +393,7 @@ class TerminalChat:
             while True:
                 progress, run = await self._progress(run_id, progress)
                 await self.messenger.edit(status, self.renderer.status(progress, now=_now()))
-                if run.finished:
+                if run.finished or self._leaving.is_set():
                     break
                 if run.state == "running":
                     await draft.show(await asyncio.to_thread(self.answer_drafts, run_id))
@@ -308,10 +402,10 @@ class TerminalChat:
                         # The notice may name the worker's log file.
                         print_unbroken(self.console, renderable_for(self.renderer.reply(self.no_worker)))
                 await self.sleep(POLL_SECONDS)
-        finally:
-            loop.remove_signal_handler(signal.SIGINT)
         await draft.take_down()  # the audited answer below replaces it
         self.messenger.close()
+        if not run.finished:  # leaving: the run goes on in the workers, its report in /history
+            return
         if run.report_json is not None:
             delivery = self.renderer.report(Report.model_validate(run.report_json), requester=TERMINAL_USER)
             for content in delivery.messages:
@@ -388,3 +482,13 @@ def _place(thread: str | None) -> Place:
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
+
+
+def _settle_with_line(typed: asyncio.Future[str], line: str) -> None:
+    if not typed.done():
+        typed.set_result(line)
+
+
+def _settle_with_error(typed: asyncio.Future[str], error: BaseException) -> None:
+    if not typed.done():
+        typed.set_exception(error)

@@ -15,6 +15,8 @@ import asyncio
 import dataclasses
 import inspect
 import logging
+import signal
+import threading
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -350,17 +352,29 @@ class DiscordBot:
     # -- running -----------------------------------------------------------------------------------
 
     async def run(self, token: str) -> None:
-        """Connect and serve until `close()` or a signal (discord.py reconnects on its own), with `/healthz` and
-        `/metrics` on DISCORD_HTTP_PORT meanwhile."""
+        """Connect and serve until `close()`, or SIGTERM or SIGINT in the main thread (discord.py reconnects on its
+        own), with `/healthz` and `/metrics` on DISCORD_HTTP_PORT meanwhile. A signal closes the bot and returns, so the
+        process exits through its clean-up (the embedded Redis's last user stops it) instead of dying by the signal."""
         health = process_health(self.settings, watch_workers=True)
         ops_server = start_ops_server(self.settings.discord_http_port, health, host=self.settings.http_bind_address,
                                       setting="DISCORD_HTTP_PORT")
+        stop_signals = (signal.SIGTERM, signal.SIGINT) if threading.current_thread() is threading.main_thread() else ()
+        loop = asyncio.get_running_loop()
+        for sent in stop_signals:
+            loop.add_signal_handler(sent, self._stop_on, sent)
         try:
             async with self.client:
                 await self.client.start(token, reconnect=True)
         finally:
+            for sent in stop_signals:
+                loop.remove_signal_handler(sent)
             if ops_server is not None:
                 await asyncio.to_thread(ops_server.stop)
+        logger.info("discord bot stopped")
+
+    def _stop_on(self, sent: signal.Signals) -> None:
+        logger.info("discord bot stopping (%s)", sent.name)
+        self._closing: asyncio.Future[None] = asyncio.ensure_future(self.close())
 
     async def close(self) -> None:
         await self.client.close()

@@ -7,14 +7,20 @@ verifies each request's signature and timestamp) and `GET /healthz` with uvicorn
 signature check, so an unsigned sender cannot make the bot buffer a large body; a signed request seen before is refused
 (see `dedupe.py`). Socket Mode opens a WebSocket from `apps.connections.open` (on SLACK_API_URL) and needs no public
 URL; `/healthz` (and `/metrics` with SLACK_SERVE_METRICS) is still served for the orchestrator and Prometheus.
+
+SIGTERM and SIGINT stop the bot cleanly (exit 0): the server winds down and the process exits through its clean-up,
+as the last user of the embedded Redis must to stop it. uvicorn's own handling raised the signal again once it had
+stopped, which ended the process by SIGTERM, past every exit hook.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import signal
+import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 
 import uvicorn
 from prometheus_client import REGISTRY, CollectorRegistry
@@ -113,6 +119,14 @@ def slack_client(settings: Settings) -> AsyncWebClient:
     return web_client(settings, settings.secret("slack_bot_token") or "")
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server without its signal handling (SlackBot.run has its own, see the module's docstring)."""
+
+    @contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
 class SlackBot:
     """The running bot: the bolt app behind Socket Mode (with an app token) or HTTP mode, `/healthz` either way."""
 
@@ -132,17 +146,28 @@ class SlackBot:
                                        serve_metrics=settings.slack_serve_metrics)
         self.socket_mode: AsyncSocketModeHandler | None = None
         self._server: uvicorn.Server | None = None
+        self._connecting: asyncio.Future[None] | None = None
 
     async def run(self, *, host: str, port: int) -> None:
         """Serve until `stop()` or a signal; in Socket Mode, connect to Slack first (slack-sdk retries until it can)."""
         config = uvicorn.Config(self.http_app, host=host, port=port, lifespan="off", access_log=False, log_config=None)
-        self._server = uvicorn.Server(config)
+        self._server = _Server(config)
+        stop_signals = (signal.SIGTERM, signal.SIGINT) if threading.current_thread() is threading.main_thread() else ()
+        loop = asyncio.get_running_loop()
+        for sent in stop_signals:
+            loop.add_signal_handler(sent, self._stop_on, sent)
         try:
             if self.app_token is not None:
                 # The Socket Mode client opens its aiohttp session on creation, so it is made inside the running loop.
                 self.socket_mode = AsyncSocketModeHandler(self.app, self.app_token)
-                await self.socket_mode.connect_async()
-                logger.info("slack bot connected in Socket Mode; /healthz on port %d", port)
+                self._connecting = asyncio.ensure_future(self.socket_mode.connect_async())
+                try:
+                    await self._connecting
+                except asyncio.CancelledError:
+                    if not self._server.should_exit:
+                        raise
+                else:
+                    logger.info("slack bot connected in Socket Mode; /healthz on port %d", port)
             else:
                 logger.info("slack bot serving HTTP mode: POST %s on port %d", EVENTS_PATH, port)
             await self._server.serve()
@@ -153,6 +178,15 @@ class SlackBot:
                 aclose = getattr(closable, "aclose", None)
                 if aclose is not None:
                     await aclose()
+            for sent in stop_signals:
+                loop.remove_signal_handler(sent)
+        logger.info("slack bot stopped")
+
+    def _stop_on(self, sent: signal.Signals) -> None:
+        logger.info("slack bot stopping (%s)", sent.name)
+        self.stop()
+        if self._connecting is not None:
+            self._connecting.cancel()  # slack-sdk retries a connection for as long as Slack cannot be reached
 
     def stop(self) -> None:
         """Ask the server to shut down (safe from another thread)."""

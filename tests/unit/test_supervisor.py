@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
+import threading
 from pathlib import Path
 
-from bot.supervisor import STABLE_AFTER_SECONDS, Child, Supervisor
+from bot.supervisor import STABLE_AFTER_SECONDS, Child, Supervisor, reap
 from tests.waiting import wait_for
 
 
@@ -115,3 +118,74 @@ def test_sigterm_is_what_asks_a_child_to_stop(tmp_path: Path) -> None:
     wait_for(lambda: "ready" in (tmp_path / "log").read_text(), "the child to be ready", 10.0, interval=0.02)
     child.stop()
     assert marker.read_text() == "clean" and child.process.returncode == 0
+
+
+def test_a_stop_that_comes_as_the_restart_pause_ends_starts_nothing() -> None:
+    child = Child("worker", argv=python("pass"))
+    # The stop comes in as the pause runs out (the pause says it was not cut short).
+    supervisor = Supervisor([child], check_every=3600, pause=lambda seconds: bool(supervisor.stop()))
+
+    child.start()
+    child.process.wait()
+    assert not supervisor.restart_if_dead(child) and child.restarts == 0
+
+
+def test_stop_asks_every_child_at_once_then_waits_for_them(tmp_path: Path) -> None:
+    # Each child, asked to stop, waits to see the other asked too before it exits cleanly: one at a time, the first
+    # would wait in vain and fail.
+    def waits_for(other: str, mine: str) -> list[str]:
+        return python("import os, signal, sys, time\n"
+                      "def stop(*_):\n"
+                      f"    open({str(tmp_path / mine)!r}, 'w').close()\n"
+                      "    for _ in range(300):\n"
+                      f"        if os.path.exists({str(tmp_path / other)!r}):\n"
+                      "            sys.exit(0)\n"
+                      "        time.sleep(0.01)\n"
+                      "    sys.exit(1)\n"
+                      "signal.signal(signal.SIGTERM, stop)\n"
+                      "print('ready', flush=True)\n"
+                      "time.sleep(60)\n")
+
+    first = Child("worker", log_path=tmp_path / "first.log", argv=waits_for("second-asked", "first-asked"))
+    second = Child("slack", log_path=tmp_path / "second.log", argv=waits_for("first-asked", "second-asked"))
+    supervisor = Supervisor([first, second], check_every=3600).start()
+    for log in ("first.log", "second.log"):
+        wait_for(lambda log=log: "ready" in (tmp_path / log).read_text(), "the children to be ready", 10.0)
+    supervisor.stop()
+    assert (first.process.returncode, second.process.returncode) == (0, 0)
+
+
+def test_the_reaper_waits_for_a_group_that_stops_and_kills_one_that_will_not() -> None:
+    stops = subprocess.Popen(python("import time; time.sleep(60)"), start_new_session=True)
+    stubborn = subprocess.Popen(python("import signal, time\n"
+                                       "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                                       "print('ready', flush=True)\n"
+                                       "time.sleep(60)\n"), stdout=subprocess.PIPE, start_new_session=True)
+    assert stubborn.stdout is not None and stubborn.stdout.readline() == b"ready\n"
+    for process in (stops, stubborn):
+        os.killpg(process.pid, signal.SIGTERM)
+    # Their parent (this test) collects them as soon as they exit, as init would once `up` has gone.
+    collector = threading.Thread(target=lambda: [process.wait() for process in (stops, stubborn)], daemon=True)
+    collector.start()
+
+    killed = reap([stops.pid, stubborn.pid], grace=1.0)
+    assert killed == [stubborn.pid]
+    collector.join(timeout=10)
+    assert stops.returncode == -signal.SIGTERM and stubborn.returncode == -signal.SIGKILL
+
+
+def test_stop_in_background_returns_before_the_child_has_stopped_and_the_reaper_finishes_the_job(
+        tmp_path: Path) -> None:
+    child = Child("worker", log_path=tmp_path / "worker.log", argv=python(
+        "import signal, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"))
+    supervisor = Supervisor([child], check_every=3600).start()
+    wait_for(lambda: "ready" in (tmp_path / "worker.log").read_text(), "the child to be ready", 10.0)
+
+    reaper = supervisor.stop_in_background(log_path=tmp_path / "worker.log", grace=1.0)
+    assert reaper is not None and child.alive, "stop_in_background waited for the child"
+    assert reaper.wait(timeout=30) == 0
+    assert child.process.wait(timeout=10) == -signal.SIGKILL
+    assert "did not stop within 1 s of SIGTERM: killed" in (tmp_path / "worker.log").read_text()
