@@ -346,7 +346,7 @@ class TerminalChat:
         elif command.name == "history":
             self.console.print(await self._history())
         elif command.name == "runs":
-            lines = await arecent_runs(self.sessions, RUNS_LIMIT)
+            lines = await arecent_runs(self.sessions, RUNS_LIMIT, self.console.width)
             for line in [RUNS_HEADER, *lines] if lines else ["No runs yet."]:
                 print_unbroken(self.console, Text(line))
         elif command.name == "export":
