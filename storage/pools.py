@@ -60,6 +60,9 @@ class PoolWaits:
 class WaitSayingQueuePool(QueuePool):
     """SQLAlchemy's QueuePool (`pool_size` kept, `max_overflow` more, `timeout` to wait), saying when callers wait."""
 
+    # SQLAlchemy names a pool's logger after its class's module: its own lines (DEBUG checkouts) stay under its name.
+    _sqla_logger_namespace = "sqlalchemy.pool.impl.QueuePool"
+
     def __init__(self, creator: Any, **options: Any) -> None:
         super().__init__(creator, **options)
         self.waits = PoolWaits("database")
