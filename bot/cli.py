@@ -471,9 +471,10 @@ def _up(worker_argv: list[str] | None = None) -> None:
     # With the chat on screen, the children write to files: nothing may print over the conversation.
     children = [Child("worker", log_path=logs / "worker.log" if interactive else None, argv=worker_argv)]
     children.extend(Child(adapter) for adapter in adapters)
+    supervisor = Supervisor(children)
     interrupt_on_stop_signals()
-    supervisor = Supervisor(children).start()
-    try:
+    try:  # a signal while the children start still stops the ones already started
+        supervisor.start()
         if interactive:
             configure_logging(settings, path=logs / "chat.log")
             typer.echo(f"Worker logs: {logs / 'worker.log'}", err=True)

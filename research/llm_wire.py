@@ -59,8 +59,8 @@ class EndpointStatusError(EndpointError):
     """An answer with a 4xx or 5xx status: `body` is the error object the server sent, `param` the parameter it
     names (OpenAI's `error.param`), `message` the SDK's "Error code: N - {body}"."""
 
-    def __init__(self, response: httpx.Response) -> None:
-        text = response.text.strip()
+    def __init__(self, response: httpx.Response, *, text: str | None = None) -> None:
+        text = (response.text if text is None else text).strip()
         try:
             whole: object = json.loads(text)
             message = f"Error code: {response.status_code} - {whole}"
@@ -184,7 +184,8 @@ class ChatEndpoint:
         try:
             await response.aread()
         except httpx.HTTPError as error:
-            raise EndpointConnectionError(f"connection error ({type(error).__name__})") from error
+            # The server answered: its status decides (a retry only for 429 and 5xx), though its body was lost.
+            raise EndpointStatusError(response, text="") from error
         finally:
             await response.aclose()
         raise EndpointStatusError(response)

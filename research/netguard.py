@@ -253,11 +253,11 @@ def forbidden_port_reason(port: int) -> str | None:
 
 def url_origin(url: str) -> tuple[str, str, int] | None:
     """The scheme, normalised host and port of an http(s) URL, or None when it has no such origin."""
-    parts = urlsplit(url.strip())
-    scheme = parts.scheme.lower()
-    if scheme not in DEFAULT_PORTS or not parts.hostname:
-        return None
     try:
+        parts = urlsplit(url.strip())
+        scheme = parts.scheme.lower()
+        if scheme not in DEFAULT_PORTS or not parts.hostname:
+            return None
         return scheme, normalise_host(parts.hostname), parts.port or DEFAULT_PORTS[scheme]
     except ValueError:  # a malformed host (MalformedHostError) or port
         return None

@@ -147,6 +147,8 @@ class FallbackFetcher:
         refused = await self._refused_scrape(target, page)
         if refused is not None:
             await self._emit(ProviderError(phase="fetch", provider=self._scraper.name, query=target, reason=refused))
+            if result.ok:  # a shell the fetcher read safely is still read as it is, as when Firecrawl fails
+                return result
             return FetchResult(url=result.url, status="refused", reason=f"{why}; Firecrawl's page {refused}",
                                http_status=result.http_status, seconds=round(result.seconds + seconds, 3))
         await self._emit(ProviderResult(phase="fetch", provider=self._scraper.name, query=target, results=1,

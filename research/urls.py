@@ -6,9 +6,8 @@ import re
 from collections.abc import Iterable
 from urllib.parse import unquote_plus, urlsplit, urlunsplit
 
-from research.netguard import MalformedHostError, normalise_host
+from research.netguard import DEFAULT_PORTS, MalformedHostError, normalise_host
 
-DEFAULT_PORTS = {"http": 80, "https": 443}
 
 # Parameters that only say where a click came from; dropping them never changes the page.
 TRACKING_PARAMETERS = frozenset({

@@ -276,6 +276,8 @@ class RunAttempt:
                 finished = True
         finally:
             if delivery is not None and not finished:  # a stale attempt, or one that broke
+                if first_edit is not None:  # the first edit, never awaited if the engine broke first, settles first
+                    concurrent.futures.wait([first_edit])
                 loops.delivery.call(delivery.abandon()).result()
 
     async def _engine_in_worker(self, loops: WorkerLoops, cancels: CancelWatcher,

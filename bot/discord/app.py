@@ -247,6 +247,8 @@ class DiscordBot:
                 await interaction.response.send_modal(what_was_wrong_modal(event.action_run_id))
             except discord.HTTPException as error:  # the 👎 is stored either way; only the chance to say why is lost
                 logger.warning("could not open the feedback modal (%s)", error.status)
+                if not interaction.response.is_done():
+                    await interaction.response.defer(ephemeral=True)  # acknowledged, so the follow-ups still reach them
             await self._handle(event, send_private)
             return
         await interaction.response.defer(ephemeral=True, thinking=True)

@@ -26,7 +26,7 @@ LABEL = "What was wrong"
 PLACEHOLDER = "A wrong fact, a missing source, a bad citation…"
 THANKS = "Thanks for the feedback."
 # Discord's component types a submitted modal nests its text input in: an action row, or a label.
-ACTION_ROW, LABEL_COMPONENT = 1, 18
+ACTION_ROW, LABEL_COMPONENT = discord.ComponentType.action_row.value, discord.ComponentType.label.value
 
 
 def comment_custom_id(run_id: int) -> str:

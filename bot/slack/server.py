@@ -150,7 +150,8 @@ class SlackBot:
 
     async def run(self, *, host: str, port: int) -> None:
         """Serve until `stop()` or a signal; in Socket Mode, connect to Slack first (slack-sdk retries until it can)."""
-        config = uvicorn.Config(self.http_app, host=host, port=port, lifespan="off", access_log=False, log_config=None)
+        # lifespan "on": the app's lifespan closes its health monitor (its thread, its database connection) at shutdown.
+        config = uvicorn.Config(self.http_app, host=host, port=port, lifespan="on", access_log=False, log_config=None)
         self._server = _Server(config)
         stop_signals = (signal.SIGTERM, signal.SIGINT) if threading.current_thread() is threading.main_thread() else ()
         loop = asyncio.get_running_loop()

@@ -197,8 +197,10 @@ def _history_table(runs: list[RunSummary], width: int) -> Table:
 
     kept = list(cells)
     questions = [single_line(run.question) for run in runs]
-    question_width = min(width - used(kept) - COLUMN_GAP, max(cell_len(text) for text in ["Question", *questions]))
-    if question_width < QUESTION_MIN_CELLS:
+    # The room left decides whether the column stays; short questions only make it narrower.
+    room = width - used(kept) - COLUMN_GAP
+    question_width = min(room, max(cell_len(text) for text in ["Question", *questions]))
+    if room < QUESTION_MIN_CELLS:
         question_width = 0
         for heading in DROPPED_FIRST:
             if used(kept) > width:

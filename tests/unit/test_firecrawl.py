@@ -498,3 +498,15 @@ async def test_scrapes_count_as_firecrawl_calls(api: FakeSearchAPI, http: httpx.
     router = firecrawl_router(api, http, EventRecorder(), providers=["brave"])
     router.count_call("firecrawl")
     assert (router.calls["firecrawl"], router.total_calls) == (1, 1)
+
+
+async def test_a_shell_whose_scrape_ended_off_its_origin_is_still_read_as_the_fetcher_got_it(
+    api: FakeSearchAPI, http: httpx.AsyncClient,
+) -> None:
+    shell_url = "https://shell.example/app"
+    api.set_scraped_pages({shell_url: CREDENTIALS})
+    api.set_scrape_endings({shell_url: "http://169.254.169.254/latest/meta-data/"})
+    fallback = Fallback(api, http, FakeWeb({shell_url: html_page(SHELL_HTML)}))
+    result = await fallback.fetcher.fetch(shell_url)
+    assert (result.status, result.body) == ("ok", SHELL_HTML), "the page the fetcher read safely is kept, not the scrape"
+    assert any(isinstance(event, ProviderError) and "link-local" in event.reason for event in fallback.events)

@@ -151,3 +151,18 @@ async def test_an_endpoint_that_answers_a_stream_with_json_is_asked_whole_from_t
     assert await client.complete(QUESTION, task="chat") == ANSWER
     assert [json.loads(request.content).get("stream") for request in sent] == [True, None]
     assert client.ledger.prompt_tokens == 12 and client.ledger.completion_tokens == 20
+
+
+class _LostBody(httpx.AsyncByteStream):
+    """An error answer whose body is lost on the way."""
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        raise httpx.ReadError("connection reset while reading the body")
+        yield b""  # pragma: no cover - makes this an async generator
+
+
+async def test_an_error_status_whose_body_is_lost_is_judged_by_its_status_and_not_asked_again() -> None:
+    client, sent = _endpoint(lambda: httpx.Response(400, stream=_LostBody()))
+    with pytest.raises(LLMError, match=r"rejected the request \(HTTP 400\)"):
+        await client.complete(QUESTION, task="chat")
+    assert len(sent) == 1  # a 400 is the server's answer: never sent again, as a connection failure would be

@@ -136,3 +136,10 @@ def test_a_terminal_too_narrow_for_the_question_drops_it_before_any_id() -> None
     lines = drawn(ConsoleRenderer().history(RunHistory(yours=[summary(123456789, "chat", place)])).extra["rich"], 40)
     assert "Question" not in lines[0] and lines[1].split()[:2] == ["123456789", "done"]
     assert all(cell_len(line.rstrip()) <= 40 for line in lines)
+
+
+def test_short_questions_keep_their_column_on_a_wide_terminal() -> None:
+    place = TERMINAL.model_copy(update={"thread": "t1"})
+    runs = [summary(5, "research", place, question="what is x?")]
+    lines = drawn(ConsoleRenderer().history(RunHistory(yours=runs)).extra["rich"], 120)
+    assert "Question" in lines[0] and lines[1].rstrip().endswith("what is x?")
