@@ -177,7 +177,8 @@ class SlackMessenger:
         self.workspaces = workspaces
         self.progress_mode = progress_mode
         self._workspaces_without_streaming: set[str] = set()  # auto: those whose chat.startStream was refused
-        self._streamed: dict[tuple[str, str], str] = {}  # each open answer stream's words so far, as the model wrote them
+        # Each open answer stream's trailing backslashes: all of its text that decides how the next `[` is escaped.
+        self._streamed: dict[tuple[str, str], str] = {}
         self.thread_status = thread_status or AssistantThreadStatus()  # status edits, mirrored in the assistant pane
 
     async def _call(self, workspace: str, call: Callable[[AsyncWebClient], Awaitable[Result]]) -> Result:
@@ -241,7 +242,7 @@ class SlackMessenger:
                          channel=str(response.get("channel") or place.channel), message_id=str(response["ts"]),
                          thread=place.thread)
         self._streamed[_stream_key(ref)] = ""
-        await self._append_pieces(ref, rest, text)
+        await self._append_pieces(ref, rest, _backslash_tail("", text))
         return ref
 
     async def append_stream(self, ref: MessageRef, text: str) -> None:
@@ -251,13 +252,13 @@ class SlackMessenger:
         streamed = self._streamed.get(_stream_key(ref))
         if streamed is None:
             raise MessengerError("message_not_in_streaming_state")
-        await self._append_pieces(ref, _stream_pieces(text, after=streamed), streamed + text)
+        await self._append_pieces(ref, _stream_pieces(text, after=streamed), _backslash_tail(streamed, text))
 
-    async def _append_pieces(self, ref: MessageRef, pieces: list[str], streamed: str) -> None:
+    async def _append_pieces(self, ref: MessageRef, pieces: list[str], tail: str) -> None:
         for piece in pieces:
             await self._call(ref.workspace, lambda client: client.chat_appendStream(
                 channel=ref.channel, ts=ref.message_id, markdown_text=piece))
-        self._streamed[_stream_key(ref)] = streamed
+        self._streamed[_stream_key(ref)] = tail
 
     async def stop_stream(self, ref: MessageRef) -> None:
         """End the streamed reply (`chat.stopStream`); raises MessengerError as `append_stream`."""
@@ -351,6 +352,12 @@ class SlackMessenger:
     async def _update(self, ref: MessageRef, text: str, blocks: list[dict[str, Any]]) -> None:
         await self._call(ref.workspace, lambda client: client.chat_update(channel=ref.channel, ts=ref.message_id, text=text,
                                                                         blocks=blocks))
+
+
+def _backslash_tail(before: str, added: str) -> str:
+    """The trailing backslashes of a stream's text `before` + `added`, without keeping the whole text."""
+    kept = added.rstrip("\\")
+    return added[len(kept):] if kept else before + added
 
 
 def _stream_key(ref: MessageRef) -> tuple[str, str]:

@@ -130,3 +130,17 @@ _SGR = re.compile(r"\x1b\[[0-9;]*m")
 def test_discord_posts_an_answer_whole_rather_than_streaming_it() -> None:
     # So a Discord answer is only ever the audited report, rendered as tests/unit/test_report_links.py checks.
     assert not issubclass(DiscordMessenger, AnswerStreaming)
+
+
+async def test_a_backslash_that_ends_one_chunk_escapes_the_bracket_that_begins_the_next(slack: FakeSlack) -> None:
+    messenger = SlackMessenger(build_slack_client(slack.token, slack.api_url, rate_limit_retries=0))
+    root = await messenger.post(Place(platform="slack", workspace=slack.team_id, channel=CHANNEL),
+                                slack_content("question", [section_block("question")]))
+    place = Place(platform="slack", workspace=slack.team_id, channel=CHANNEL, thread=root.message_id)
+    chunks = ["See \\", "[the map](https://evil.example/map), then \\\\", "[a link](https://evil.example/x)"]
+    ref = await messenger.start_stream(place, chunks[0], recipient=ASKER)
+    for chunk in chunks[1:]:
+        await messenger.append_stream(ref, chunk)
+    shown = slack.stream(CHANNEL, ref.message_id).markdown
+    assert shown == stream_markdown("".join(chunks)), "chunked, it reads as the whole text escaped at once"
+    assert_pings_and_links_nothing(shown)
