@@ -367,7 +367,8 @@ def prune(
                                                "or 30min; a bare m is refused (minutes or months?)."),
     workspace: str | None = typer.Option(None, "--workspace", metavar="ID",
                                          help="Delete everything stored of this workspace (a Slack team or Discord "
-                                              "server id) instead: its threads, messages and runs."),
+                                              "server id) instead: its threads, messages and runs (a run in "
+                                              "flight is stopped and its thread kept for a later prune)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Only count what would be deleted."),
 ) -> None:
     """Delete finished runs older than AGE with everything they gathered, old messages and threads left with no run;
@@ -386,12 +387,22 @@ def prune(
 
     verb = "Would delete" if dry_run else "Deleted"
     if workspace is not None:
-        sessions = _database(settings_or_exit())
-        counts = count_workspace(sessions, workspace) if dry_run else forget_workspace(sessions, workspace)
-        typer.echo(f"{verb} everything stored of workspace {workspace}: "
+        settings = settings_or_exit()
+        sessions = _database(settings)
+        if dry_run:
+            counts = count_workspace(sessions, workspace)
+        else:
+            counts = forget_workspace(sessions, workspace, by=PRUNE_CANCELLER)
+            _flag_cancels(settings, counts.running, PRUNE_CANCELLER)
+        typer.echo(f"{verb} {'what is' if counts.kept_conversations else 'everything'} stored of workspace {workspace}: "
                    f"{amount(counts.conversations, 'conversation')}, with {amount(counts.messages, 'message')} and {amount(counts.runs, 'run')} (with "
                    f"{amount(counts.sources, 'source')}, {amount(counts.passages, 'passage')}, "
                    f"{amount(counts.citations, 'citation')} and {amount(counts.events, 'event')}).")
+        if counts.kept_conversations:
+            typer.echo(f"{'Would keep' if dry_run else 'Kept'} {amount(counts.kept_conversations, 'conversation')}: "
+                       f"a run is still in flight ({amount(len(counts.in_flight), 'run')} "
+                       f"{'to stop' if dry_run else 'stopped'}); they are removed by "
+                       f"`deepthread prune --workspace {workspace}` once it ends.")
         return
     try:
         age = parse_age(older_than or "")
@@ -406,6 +417,29 @@ def prune(
                f"{amount(counts.passages, 'passage')}, {amount(counts.citations, 'citation')} and "
                f"{amount(counts.events, 'event')}; {amount(counts.conversations, 'conversation')} left with no run "
                f"and {amount(counts.messages, 'message')} (theirs, and the older ones of other threads).")
+
+
+PRUNE_CANCELLER = "deepthread prune"  # who stopped a run `prune --workspace` found in flight, as its thread shows
+
+
+def _flag_cancels(settings: Settings, run_ids: Sequence[int], by: str) -> None:
+    """Flag the runs in Redis as stopped by `by`, as `Queue.cancel` does; their rows say it already, and the workers
+    read those within seconds when Redis cannot be reached."""
+    if not run_ids:
+        return
+    from storage.redis import connect, resolve_redis_url
+    from storage.shared_limits import REDIS_ERRORS, set_cancel_flag
+
+    try:
+        client = connect(resolve_redis_url(settings.redis_url, settings.data_dir), fail_fast=True)
+        try:
+            for run_id in run_ids:
+                set_cancel_flag(client, run_id, by)
+        finally:
+            client.close()
+    except REDIS_ERRORS as error:
+        typer.echo(f"Redis unreachable ({type(error).__name__}): the workers read the stop from the runs' rows.",
+                   err=True)
 
 
 def _require_llm(settings: Settings) -> None:

@@ -8,22 +8,26 @@ A message written before the cutoff goes even while its thread lives on with new
 keeps every reply of a thread it answers in, also from people who never asked it anything), unless
 a run of its thread is in flight and may still read it as history.
 
-`forget_workspace` deletes every conversation of a workspace with its messages and runs (in flight
-or not: a worker still running one finds it gone and stores nothing), for an uninstall or
-`deepthread prune --workspace`. Each batch is one transaction, so a long prune never holds the
-database for long.
+`forget_workspace` deletes every conversation of a workspace with its messages and runs, for an
+uninstall or `deepthread prune --workspace`, but never from under a worker: a run in flight is
+stopped first, as a cancel does (a queued one at once, a running one marked on its row for its
+worker, which the caller also flags in Redis: storage does not reach the workers), and its thread
+is kept in this pass. Once the run has ended, the next `forget_workspace` of the workspace deletes
+that thread too; nothing does it on its own. Each batch is one transaction, so a long prune never
+holds the database for long.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel
 from sqlalchemy import ColumnElement, Select, and_, delete, exists, func, not_, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from storage.admission import cancel_run
 from storage.db import changed_rows, database_now, off_loop
 from storage.models import Citation, Conversation, Event, Message, Passage, Run, Source
 from storage.vocabulary import ACTIVE_STATES, TERMINAL_STATES
@@ -49,6 +53,11 @@ class PruneCounts(BaseModel):
     conversations: int = 0
     messages: int = 0
     batches: int = 0
+    # Of a workspace forgotten: the conversations kept because a run of theirs is in flight, those runs (stopped, or
+    # on a dry run to be stopped), and the ones of them a worker is running (whose cancel the caller flags in Redis).
+    kept_conversations: int = 0
+    in_flight: list[int] = []
+    running: list[int] = []
 
 
 def parse_age(text: str) -> dt.timedelta:
@@ -95,12 +104,12 @@ def count_prunable(sessions: sessionmaker[Session], cutoff: dt.datetime) -> Prun
         conversations = _runless_conversations(cutoff, keeping=not_(prunable))
         messages = select(func.count()).select_from(Message).where(
             or_(Message.conversation_id.in_(conversations), _old_message(cutoff)))
-        return PruneCounts(
-            runs=_count(session, Run, Run.id, runs),
+        return PruneCounts.model_validate({
+            "runs": _count(session, Run, Run.id, runs),
             **{model.__tablename__: _count(session, model, model.run_id, runs) for model in RUN_CHILDREN},
-            conversations=_count(session, Conversation, Conversation.id, conversations),
-            messages=session.scalar(messages) or 0,
-        )
+            "conversations": _count(session, Conversation, Conversation.id, conversations),
+            "messages": session.scalar(messages) or 0,
+        })
 
 
 def _locked(session: Session, query: Select[Any]) -> Select[Any]:
@@ -157,38 +166,83 @@ def _of_workspace(workspace: str, platform: str | None) -> ColumnElement[bool]:
     return and_(Conversation.workspace == workspace, *([] if platform is None else [Conversation.platform == platform]))
 
 
+class InFlight(NamedTuple):
+    """A run of a workspace being forgotten that is queued or running, and its thread."""
+
+    run_id: int
+    state: str
+    conversation_id: int
+
+
+def _in_flight_runs(session: Session, workspace: str, platform: str | None) -> list[InFlight]:
+    """The workspace's runs in flight, oldest first."""
+    return [InFlight(*row) for row in session.execute(
+        select(Run.id, Run.state, Run.conversation_id).join(Conversation, Run.conversation_id == Conversation.id)
+        .where(_of_workspace(workspace, platform), Run.state.in_(sorted(ACTIVE_STATES))).order_by(Run.id)).all()]
+
+
+def _with_run_in_flight() -> ColumnElement[bool]:
+    return exists(select(Run.id).where(Run.conversation_id == Conversation.id, Run.state.in_(sorted(ACTIVE_STATES))))
+
+
 def count_workspace(sessions: sessionmaker[Session], workspace: str, *, platform: str | None = None) -> PruneCounts:
-    """What `forget_workspace(sessions, workspace, platform=platform)` would delete now, without deleting anything."""
+    """What `forget_workspace(sessions, workspace, platform=platform)` would delete now, without deleting anything:
+    the conversations with a run in flight are counted as kept, with the runs it would stop."""
     with sessions() as session:
-        conversations = select(Conversation.id).where(_of_workspace(workspace, platform))
+        in_flight = _in_flight_runs(session, workspace, platform)
+        conversations = select(Conversation.id).where(_of_workspace(workspace, platform), not_(_with_run_in_flight()))
         runs = select(Run.id).where(Run.conversation_id.in_(conversations))
-        return PruneCounts(
-            runs=_count(session, Run, Run.id, runs),
+        return PruneCounts.model_validate({
+            "runs": _count(session, Run, Run.id, runs),
             **{model.__tablename__: _count(session, model, model.run_id, runs) for model in RUN_CHILDREN},
-            conversations=_count(session, Conversation, Conversation.id, conversations),
-            messages=_count(session, Message, Message.conversation_id, conversations),
-        )
+            "conversations": _count(session, Conversation, Conversation.id, conversations),
+            "messages": _count(session, Message, Message.conversation_id, conversations),
+            "kept_conversations": session.scalar(select(func.count()).select_from(Conversation).where(
+                _of_workspace(workspace, platform), _with_run_in_flight())) or 0,
+            "in_flight": [run.run_id for run in in_flight],
+            "running": [run.run_id for run in in_flight if run.state == "running"],
+        })
 
 
-def forget_workspace(sessions: sessionmaker[Session], workspace: str, *, platform: str | None = None,
+def forget_workspace(sessions: sessionmaker[Session], workspace: str, *, by: str, platform: str | None = None,
                      batch_size: int = RUNS_PER_BATCH) -> PruneCounts:
-    """Delete every conversation of `workspace` (on `platform`, or on any) with its messages and all its runs, finished
-    or not, with what they gathered (their feedback goes with them, by the database's cascade)."""
-    counts = PruneCounts()
+    """Delete every conversation of `workspace` (on `platform`, or on any) with its messages and its runs, with what
+    they gathered (their feedback goes with them, by the database's cascade); but first stop its runs in flight, as
+    stopped by `by`, and keep their conversations (`kept_conversations`) for a later call, once the runs have ended.
+
+    A queued run is cancelled on its row (its task, if sent, finds it ended); a running one is marked on its row,
+    which its worker reads within seconds. The caller flags the ids in `running` in Redis as well, as
+    `worker.queue.Queue.cancel` does. An uninstall calls this once: the threads of the runs it stopped stay until a
+    `deepthread prune --workspace` (or the age prune) after they have ended."""
+    with sessions() as session:
+        in_flight = _in_flight_runs(session, workspace, platform)
+    running = [run.run_id for run in in_flight if cancel_run(sessions, run.run_id, by).state == "running"]
+    counts = PruneCounts(in_flight=[run.run_id for run in in_flight], running=running)
+    kept = sorted({run.conversation_id for run in in_flight})
+    # Kept: the threads of the runs just stopped (a worker, or a task on its way to one, may still read them), and
+    # any thread with a run in flight as this deletes (a reply may have started one since).
+    deletable = and_(_of_workspace(workspace, platform), Conversation.id.not_in(kept), not_(_with_run_in_flight()))
     while True:
         with sessions.begin() as session:
-            query = select(Conversation.id).where(_of_workspace(workspace, platform)).order_by(Conversation.id)
+            query = select(Conversation.id).where(deletable).order_by(Conversation.id)
             conversation_ids = list(session.scalars(query.limit(batch_size)))
             if not conversation_ids:
                 break
-            run_ids = select(Run.id).where(Run.conversation_id.in_(conversation_ids))
+            # Checked again as it deletes: a run may have started in one of them since the read.
+            idle = select(Conversation.id).where(Conversation.id.in_(conversation_ids), deletable)
+            run_ids = select(Run.id).where(Run.conversation_id.in_(idle))
             for model in RUN_CHILDREN:
                 deleted = _deleted(session, delete(model).where(model.run_id.in_(run_ids)))
                 setattr(counts, model.__tablename__, getattr(counts, model.__tablename__) + deleted)
-            counts.runs += _deleted(session, delete(Run).where(Run.conversation_id.in_(conversation_ids)))
-            counts.messages += _deleted(session, delete(Message).where(Message.conversation_id.in_(conversation_ids)))
-            counts.conversations += _deleted(session, delete(Conversation).where(Conversation.id.in_(conversation_ids)))
+            counts.runs += _deleted(session, delete(Run).where(Run.conversation_id.in_(idle)))
+            counts.messages += _deleted(session, delete(Message).where(Message.conversation_id.in_(idle)))
+            counts.conversations += _deleted(session, delete(Conversation).where(
+                Conversation.id.in_(conversation_ids),
+                not_(exists(select(Run.id).where(Run.conversation_id == Conversation.id)))))
             counts.batches += 1
+    with sessions() as session:
+        counts.kept_conversations = session.scalar(select(func.count()).select_from(Conversation).where(
+            _of_workspace(workspace, platform))) or 0
     return counts
 
 

@@ -67,6 +67,8 @@ __all__ = ["ConversationCore", "CoreSettings", "build_core"]
 
 logger = logging.getLogger(__name__)
 
+UNINSTALL_CANCELLER = "app uninstalled"  # who stopped the runs in flight of a workspace the app left
+
 
 class ConversationCore:
     """Loads an event's view, decides with the rules, and carries the decision out (database, queue, messenger)."""
@@ -81,10 +83,14 @@ class ConversationCore:
         self.clock = clock or _now  # the daily quotas' day and reset time
 
     async def forget_workspace(self, platform: str, workspace: str) -> None:
-        """Delete every thread of `workspace` on `platform` with its messages and runs (the app was removed there)."""
-        forgotten = await aforget_workspace(self.sessions, workspace, platform=platform)
-        logger.info("deleted what was stored of a workspace the app left: %d conversations, %d messages, %d runs",
-                    forgotten.conversations, forgotten.messages, forgotten.runs)
+        """Delete every thread of `workspace` on `platform` with its messages and runs (the app was removed there); its
+        runs in flight are stopped instead, their threads kept until a `deepthread prune --workspace` once they end."""
+        forgotten = await aforget_workspace(self.sessions, workspace, by=UNINSTALL_CANCELLER, platform=platform)
+        for run_id in forgotten.running:  # marked on its row; the flag in Redis reaches its worker sooner
+            await asyncio.to_thread(self.queue.cancel, run_id, UNINSTALL_CANCELLER)
+        logger.info("deleted what was stored of a workspace the app left: %d conversations, %d messages, %d runs; "
+                    "kept %d conversations with a run in flight (%d runs stopped)", forgotten.conversations,
+                    forgotten.messages, forgotten.runs, forgotten.kept_conversations, len(forgotten.in_flight))
 
     async def handle(self, event: ChatEvent) -> Outcome:
         """What `event` means, done; replies for the adapter to deliver are in the outcome."""

@@ -178,30 +178,48 @@ def test_prune_deletes_old_messages_of_a_thread_that_lives_on_but_not_while_a_ru
     assert threads.ids(Message) == {new_reply}
 
 
-def test_forgetting_a_workspace_deletes_its_threads_messages_and_every_run_and_nothing_of_another(
+def test_forgetting_a_workspace_deletes_its_threads_messages_and_runs_stops_those_in_flight_and_nothing_of_another(
         sessions: sessionmaker[Session]) -> None:
     threads = Threads(sessions)
     gone = threads.conversation(created_at=NOW)
     threads.message(gone, NOW)
     finished = threads.run(gone, created_at=NOW)
-    in_flight_thread = threads.conversation(created_at=NOW)
-    threads.run(in_flight_thread, created_at=NOW, state="running", lease_owner="worker-1", lease_until=in_an_hour())
-    threads.run(threads.conversation(created_at=NOW), created_at=NOW, state="queued")
+    threads.run(threads.conversation(created_at=NOW), created_at=NOW, state="failed")
+    threads.conversation(created_at=NOW)  # a thread the bot answered nothing in yet
+    running_thread = threads.conversation(created_at=NOW)
+    running = threads.run(running_thread, created_at=NOW, state="running", lease_owner="worker-1",
+                          lease_until=in_an_hour())
+    queued_thread = threads.conversation(created_at=NOW)
+    queued = threads.run(queued_thread, created_at=NOW, state="queued")
     with sessions.begin() as session:
         session.add(Feedback(run_id=finished, user="slack:U1", value=1))
     other = threads.conversation(workspace="T2")
     other_run = threads.run(other)
 
-    expected = PruneCounts(runs=3, sources=6, passages=9, citations=6, events=12, conversations=3, messages=7)
+    expected = PruneCounts(runs=2, sources=4, passages=6, citations=4, events=8, conversations=3, messages=7,
+                           kept_conversations=2, in_flight=[running, queued], running=[running])
     assert count_workspace(sessions, "T1") == expected
-    assert threads.left(Run) == 4, "counting deletes nothing"
-    assert forget_workspace(sessions, "T1", batch_size=2) == expected.model_copy(update={"batches": 2})
+    assert threads.left(Run) == 5, "counting deletes nothing"
+    assert forget_workspace(sessions, "T1", by="deepthread prune", batch_size=2) == expected.model_copy(
+        update={"batches": 2})
+    assert threads.ids(Conversation) == {running_thread, queued_thread, other}
+    assert threads.ids(Run) == {running, queued, other_run} and threads.left(Feedback) == 0
+    with sessions() as session:
+        assert (session.get_one(Run, running).state, session.get_one(Run, running).cancelled_by) == (
+            "running", "deepthread prune"), "its worker reads the stop from the row"
+        assert session.get_one(Run, queued).state == "cancelled"
+
+    with sessions.begin() as session:
+        session.get_one(Run, running).state = "cancelled"  # its worker saw the stop
+    assert forget_workspace(sessions, "T1", by="deepthread prune") == PruneCounts(
+        runs=2, sources=4, passages=6, citations=4, events=8, conversations=2, messages=4, batches=1)
     assert threads.ids(Conversation) == {other} and threads.ids(Run) == {other_run}
-    assert threads.left(Message) == 2 and threads.left(Feedback) == 0
+    assert threads.left(Message) == 2
     assert threads.left(Source) == 2 and threads.left(Passage) == 3 and threads.left(Citation) == 2
     assert threads.left(Event) == 4
-    assert forget_workspace(sessions, "T1") == PruneCounts(), "a second time finds nothing"
-    assert forget_workspace(sessions, "T2", platform="discord") == PruneCounts(), "another platform's T2 is not this"
+    assert forget_workspace(sessions, "T1", by="deepthread prune") == PruneCounts(), "a last time finds nothing"
+    assert forget_workspace(sessions, "T2", by="deepthread prune", platform="discord") == PruneCounts(), (
+        "another platform's T2 is not this")
 
 
 def test_prune_command_forgets_one_workspace_and_wants_an_age_or_a_workspace(tmp_path,

@@ -1,6 +1,6 @@
 """Slack's `app_uninstalled` through the real bolt app and the real conversation core on SQLite: the workspace's
 stored threads, their messages and its runs are deleted (and, with OAuth installs, its tokens), another
-workspace's are kept."""
+workspace's are kept; a run still in flight is stopped instead, its thread left for the next prune once it ends."""
 
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ from chat.slack.messenger import build_slack_client
 from chat.slack.render import SlackRenderer
 from config import load_settings
 from storage.models import Conversation, Event, Feedback, Message, Run, Source
+from storage.retention import forget_workspace
+from storage.shared_limits import CANCEL_FLAG
 from tests.fakes.messenger import RecordingMessenger
 from tests.fakes.slack_api import FAKE_CLIENT_ID, FAKE_CLIENT_SECRET, FakeSlack
 from tests.fakes.slack_events import SlackEventSender
@@ -79,6 +81,13 @@ def stored(sessions: sessionmaker[Session], workspace: str) -> dict[str, int]:
 
 EVERYTHING = {"conversations": 2, "messages": 4, "runs": 2, "sources": 2, "events": 2, "feedback": 1}
 NOTHING = dict.fromkeys(EVERYTHING, 0)
+# The thread whose run is still running: kept, with its run, until the run has ended.
+IN_FLIGHT = {"conversations": 1, "messages": 2, "runs": 1, "sources": 1, "events": 1, "feedback": 0}
+
+
+def running_run(sessions: sessionmaker[Session], workspace: str) -> Run:
+    with sessions() as session:
+        return session.scalars(select(Run).where(Run.workspace == workspace, Run.state == "running")).one()
 
 
 async def uninstall(app, team_id: str) -> int:
@@ -88,14 +97,25 @@ async def uninstall(app, team_id: str) -> int:
     return response.status
 
 
-def test_an_uninstall_deletes_the_workspace_s_threads_messages_and_runs_and_keeps_another_s(
+def test_an_uninstall_deletes_the_workspace_s_threads_and_runs_stops_one_in_flight_and_keeps_another_s(
         slack: FakeSlack, session_factory: sessionmaker[Session]) -> None:
     for workspace in (GONE, KEPT):
         store_threads(session_factory, workspace)
     assert stored(session_factory, GONE) == EVERYTHING
-    app = make_app(slack, core_over(session_factory))
+    core = core_over(session_factory)
+    app = make_app(slack, core)
 
     assert asyncio.run(uninstall(app, GONE)) == 200
+    assert stored(session_factory, GONE) == IN_FLIGHT, "the running run's thread waits for its worker to stop"
+    stopped = running_run(session_factory, GONE)
+    assert stopped.cancelled_by == "app uninstalled", "the worker reads the stop from the row"
+    assert core.queue.redis.get(CANCEL_FLAG.format(run_id=stopped.id)) == b"app uninstalled", "and from Redis"
+    assert stored(session_factory, KEPT) == EVERYTHING
+    assert running_run(session_factory, KEPT).cancelled_by is None
+
+    with session_factory.begin() as session:
+        session.get_one(Run, stopped.id).state = "cancelled"  # its worker saw the stop
+    forget_workspace(session_factory, GONE, by="deepthread prune")  # the next `deepthread prune --workspace`
     assert stored(session_factory, GONE) == NOTHING
     assert stored(session_factory, KEPT) == EVERYTHING
 
@@ -119,5 +139,5 @@ def test_an_uninstall_of_an_oauth_install_deletes_its_tokens_and_what_is_stored_
     assert asyncio.run(installs.store.async_find_bot(enterprise_id=None, team_id=GONE)) is None
     kept = asyncio.run(installs.store.async_find_bot(enterprise_id=None, team_id=KEPT))
     assert kept is not None and kept.bot_token == f"xoxb-{KEPT}"
-    assert stored(session_factory, GONE) == NOTHING
+    assert stored(session_factory, GONE) == IN_FLIGHT
     assert stored(session_factory, KEPT) == EVERYTHING
