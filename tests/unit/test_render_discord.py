@@ -43,8 +43,9 @@ def report_with(body: str, **changes: object) -> Report:
 
 
 def squash(text: str) -> str:
-    """`text` without white space and code fences: a long block is cut into several fenced blocks."""
-    return re.sub(r"\s+|```|~~~", "", text)
+    """`text` without white space, code fences and zero-width spaces: a long block is cut into several fenced blocks,
+    and a `](` that Discord alone would read as a link is unmade with a zero-width space."""
+    return re.sub(r"\s+|```|~~~|\u200b", "", text)
 
 
 def assert_within_discord_limits(content: Content) -> None:
