@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from bot.platform import PlatformBundle
     from config import Settings
     from research.report import ExportFormat
+    from storage.conversations import SharedFile
     from storage.db import Sessions
     from storage.vocabulary import RunMode, RunOptions
 
@@ -128,7 +129,7 @@ def _require_token_key(settings: Settings, sessions: Sessions) -> None:
 
 
 def _request(mode: str, question: str, *, since: str | None = None, sites: Sequence[str] = (),
-             depth: str | None = None) -> tuple[str, RunOptions]:
+             depth: str | None = None, files_only: bool = False) -> tuple[str, RunOptions]:
     """The question and options, checked by the rules the chat uses; exits 2 with the chat's message when wrong."""
     from bot.conversation.commands import UsageProblem, parse_request
 
@@ -138,6 +139,8 @@ def _request(mode: str, question: str, *, since: str | None = None, sites: Seque
     words.extend(f"--site {site}" for site in sites)
     if depth:
         words.append(f"--{depth}")
+    if files_only:
+        words.append("--files-only")
     try:
         request = parse_request(" ".join(words), "research" if mode == "research" else "plan")
     except UsageProblem as problem:
@@ -146,8 +149,25 @@ def _request(mode: str, question: str, *, since: str | None = None, sites: Seque
     return request.question, request.options
 
 
+def _shared_files(paths: Sequence[Path]) -> list[SharedFile]:
+    """`--file` paths as files shared with the run (absolute, so a worker or a later run finds them); exits 2 naming
+    one that is not a readable file."""
+    if not paths:
+        return []
+    from storage.conversations import SharedFile
+
+    shared = []
+    for path in paths:
+        resolved = path.expanduser().resolve()
+        if not resolved.is_file():
+            typer.echo(f"--file {path}: there is no such file.", err=True)
+            raise typer.Exit(code=2)
+        shared.append(SharedFile(file_id=str(resolved), name=resolved.name, size=resolved.stat().st_size))
+    return shared
+
+
 def _run_in_terminal(mode: RunMode, question: str, options: RunOptions, output_format: ExportFormat,
-                     out: str | None, plan: dict[str, Any] | None = None) -> int:
+                     out: str | None, plan: dict[str, Any] | None = None, files: Sequence[SharedFile] = ()) -> int:
     """Create a run (following `plan`, when given), execute it here with a live display, then print or save its
     report; returns the run's id."""
     settings = settings_or_exit()
@@ -166,6 +186,7 @@ def _run_in_terminal(mode: RunMode, question: str, options: RunOptions, output_f
     from chat.console.render import render_progress
     from research.budget import CancelToken
     from research.cpu import cpu_pool
+    from research.files import LocalFiles
     from storage.runs import export_run
     from worker.headless import create_run
     from ops.log_context import run_log_context
@@ -181,6 +202,7 @@ def _run_in_terminal(mode: RunMode, question: str, options: RunOptions, output_f
         pool.shutdown(wait=False)
         typer.echo(str(error), err=True)
         raise typer.Exit(code=2) from None
+    tools.files = LocalFiles()
     if mode == "research":
         # Its processes start and import the readers while the run plans, not when its first pages arrive.
         from research.readers import load_readers
@@ -188,7 +210,7 @@ def _run_in_terminal(mode: RunMode, question: str, options: RunOptions, output_f
         pool.warm(load_readers)
     sessions = _database(settings)
     run_id = create_run(sessions, place=TERMINAL, requester=TERMINAL_USER, mode=mode, question=question, options=options,
-                        plan=plan)
+                        plan=plan, files=files)
     console = Console(stderr=True)
 
     async def main() -> tuple[str, bool]:
@@ -279,11 +301,19 @@ def research(
     plan: int | None = typer.Option(None, "--plan", metavar="RUN_ID",
                                     help="Research as the plan `deepthread plan` drafted says (its run id), in place "
                                          "of QUESTION."),
+    file: list[Path] = typer.Option([], "--file", metavar="PATH",
+                                    help="A file to read and cite beside the web (repeatable): PDF, Word, Markdown, "
+                                         "HTML, text or CSV."),
+    files_only: bool = typer.Option(False, "--files-only", help="Only the --file files: no web search."),
 ) -> None:
     """Research a question here, with a live display of the phases; Ctrl-C stops and keeps what was found."""
     if deep and quick:
         typer.echo("Choose one of --deep or --quick, not both.", err=True)
         raise typer.Exit(code=2)
+    if files_only and not file:
+        typer.echo("--files-only needs at least one --file PATH to read.", err=True)
+        raise typer.Exit(code=2)
+    shared = _shared_files(file)
     if (question is None) == (plan is None):
         typer.echo('Usage: deepthread research "your question", or deepthread research --plan RUN_ID '
                    "(one of them).", err=True)
@@ -293,10 +323,10 @@ def research(
     if plan is not None:
         question, carried, steps = _drafted_plan(plan)
     checked, options = _request("research", question or "", since=since, sites=site,
-                                depth="deep" if deep else "quick" if quick else None)
+                                depth="deep" if deep else "quick" if quick else None, files_only=files_only)
     if carried is not None:
         options = carried.merged(options)
-    _run_in_terminal("research", checked, options, _export_format(output_format), out, plan=steps)
+    _run_in_terminal("research", checked, options, _export_format(output_format), out, plan=steps, files=shared)
 
 
 def _drafted_plan(run_id: int) -> tuple[str, RunOptions, dict[str, Any]]:

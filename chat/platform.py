@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from chat.message import Messenger
 from chat.render import PlatformRenderer
+from research.files import FileDownloader
 
 if TYPE_CHECKING:
     from config import Settings
@@ -14,10 +15,12 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Outbound:
-    """A platform's messenger and renderer, built from Settings."""
+    """A platform's messenger and renderer, built from Settings, and its way to the files shared on it (None: it
+    has none)."""
 
     messenger: Messenger
     renderer: PlatformRenderer
+    files: FileDownloader | None = None
 
 
 class OutboundPlatform(Protocol):

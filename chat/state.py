@@ -40,6 +40,8 @@ PHASES_BY_MODE: dict[RunMode, list[str]] = {
     "chat": ["chat"],
     "followup": ["answer", "verify"],
 }
+# Research of the shared files only: nothing is searched or fetched, so the checklist does not say it was.
+FILES_ONLY_PHASES = ["decompose", "read", "synthesize", "verify"]
 PHASE_LABELS = {
     "decompose": "Planning the research",
     "search": "Searching the web",
@@ -104,8 +106,8 @@ class RunProgress(BaseModel):
         """A stored run's progress before any event (its mode's phases, its attempt and start), with `update` set
         (a state, the last event seen, a queue position): the one way every status starts from a run row."""
         return initial_progress(run_id=run.id, mode=run.mode, question=run.question, requested_by=run.requested_by,
-                                attempt=run.attempt, requested_at=run.created_at,
-                                started_at=run.started_at).model_copy(update=update)
+                                attempt=run.attempt, requested_at=run.created_at, started_at=run.started_at,
+                                files_only=run.options.files_only).model_copy(update=update)
 
     @property
     def current_phase(self) -> str | None:
@@ -121,9 +123,10 @@ class RunProgress(BaseModel):
 
 def initial_progress(*, run_id: int, mode: RunMode, question: str, requested_by: str, state: RunState = "queued",
                      requested_at: dt.datetime | None = None, started_at: dt.datetime | None = None,
-                     attempt: int = 0) -> RunProgress:
-    """The state of a run before any event."""
-    phases = [PhaseLine(name=name) for name in PHASES_BY_MODE.get(mode, [])]
+                     attempt: int = 0, files_only: bool = False) -> RunProgress:
+    """The state of a run before any event (a research run of the shared files only lists no search or fetch)."""
+    names = FILES_ONLY_PHASES if files_only and mode == "research" else PHASES_BY_MODE.get(mode, [])
+    phases = [PhaseLine(name=name) for name in names]
     return RunProgress(run_id=run_id, attempt=attempt, mode=mode, question=question, requested_by=requested_by,
                        state=state, phases=phases, requested_at=requested_at, started_at=started_at)
 

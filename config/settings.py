@@ -113,6 +113,15 @@ class Settings(BaseSettings):
     # One page's extraction in the CPU pool: its process is killed past this time or address-space limit.
     extract_timeout_seconds: float = Field(default=20, gt=0)
     extract_memory_limit_mb: int = Field(default=1024, ge=256)
+    # Files shared in a conversation as sources (research.files): bytes one file may have, PDF pages read, files
+    # one run reads (the newest of its thread).
+    file_max_bytes: int = Field(default=20 * MIB, gt=0)
+    file_max_pdf_pages: int = Field(default=200, gt=0)
+    file_max_per_run: int = Field(default=10, gt=0)
+    # Where shared files are downloaded from: the platforms' own file hosts, as origins (scheme and host; a port
+    # only for the tests' fakes). The bot token goes to Slack's file host only; nothing follows a redirect elsewhere.
+    slack_file_hosts: CommaList = Field(default_factory=lambda: ["https://files.slack.com"])
+    discord_file_hosts: CommaList = Field(default_factory=lambda: ["https://cdn.discordapp.com", "https://media.discordapp.net"])
     worker_lease_seconds: float = Field(default=30, gt=0)
     worker_deadline_grace_seconds: float = Field(default=60, ge=0)
     status_edits_per_minute: int = Field(default=40, gt=0)
@@ -164,8 +173,8 @@ class Settings(BaseSettings):
 
     @field_validator(
         "search_providers", "fetch_allow_private_hosts", "fetch_resolve", "research_blocked_domains",
-        "research_preferred_domains", "admin_user_ids", "discord_guild_ids", "cancel_emoji",
-        mode="before",
+        "research_preferred_domains", "admin_user_ids", "discord_guild_ids", "cancel_emoji", "slack_file_hosts",
+        "discord_file_hosts", mode="before",
     )
     @classmethod
     def _split_commas(cls, value: Any) -> list[str]:

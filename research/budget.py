@@ -35,6 +35,8 @@ class ResearchOptions(BaseModel):
     chat_max_output_tokens: int = 4_000
     # A chat answer or follow-up, all its model calls together (prompt and output), the citation check included.
     chat_max_llm_tokens: int = 40_000
+    # The asker's scope: only the files shared in the conversation, no search provider called ("files only").
+    files_only: bool = False
 
     def for_chat(self) -> "ResearchOptions":
         """These options with the chat budget as the run's LLM token cap, for a chat answer or a follow-up."""

@@ -41,6 +41,7 @@ from research.events import (
     Warning_,
 )
 from research.fetch import FetchBudget, FetchConfig, SafeFetcher, build_fetch_client
+from research.files import FileDocument, FileDownloader, FileRef, FileRefused
 from research.limits import CircuitBreaker, RateLimiter
 from research.llm import (
     ContextOverflow,
@@ -60,6 +61,7 @@ from research.netguard import Resolver
 from research.phases import decompose as decompose_phase
 from research.phases import digest as digest_phase
 from research.phases import fetch as fetch_phase
+from research.phases import files as files_phase
 from research.phases import gap_check as gap_phase
 from research.phases import read as read_phase
 from research.phases import search as search_phase
@@ -72,6 +74,7 @@ from research import readers
 from research.rank import rank_passages_for_queries
 from research.providers import NoSearchProviderError, SearchConfig, SearchRouter, build_router, build_scraper
 from research.scrape_fallback import FallbackFetcher
+from research.sources import SourceRegistry
 from research.report import (
     TITLE_QUESTION_CHARS,
     AuditFigures,
@@ -189,6 +192,9 @@ class ResearchTools:
     ddgs_search: Callable[..., Any] | None = None
     cpu_pool: Executor | None = None
     today: Callable[[], dt.date] = dt.date.today
+    # The run's platform's way to the files shared in its conversation (None: no files can be read here).
+    files: FileDownloader | None = None
+    file_limits: files_phase.FileLimits = field(default_factory=files_phase.FileLimits)
 
 
 @dataclass
@@ -201,6 +207,8 @@ class ResearchState:
     sources: dict[str, SearchResult] = field(default_factory=dict)
     fetches: dict[str, FetchResult] = field(default_factory=dict)
     documents: dict[str, Document] = field(default_factory=dict)
+    # The shared files read, by source id (their text dropped once cut into passages).
+    files: dict[str, FileDocument] = field(default_factory=dict)
     passages: list[Passage] = field(default_factory=list)
     draft: str | None = None
     # Words of the report written so far, shown while the model writes (the text itself only once audited).
@@ -359,11 +367,52 @@ def _read_sources(state: ResearchState) -> list[ReportSource]:
     """The sources whose pages were read, numbered in the order they were found."""
     read = [(source_id, state.sources[source_id]) for source_id in sorted(state.documents, key=_source_order)
             if source_id in state.sources]
-    return [
+    return _with_file_details([
         ReportSource(number=number, source_id=source_id, url=source.url, provider=source.provider,
                      title=source.title or state.documents[source_id].title or source.url)
         for number, (source_id, source) in enumerate(read, start=1)
-    ]
+    ], state)
+
+
+def _with_file_details(sources: list[ReportSource], state: ResearchState) -> list[ReportSource]:
+    """`sources` with each shared file's kind, size, checksum and cited pages."""
+    if not state.files:
+        return sources
+    passages = {passage.id.lower(): passage for passage in state.passages}
+    return [files_phase.described(source, state.files[source.source_id], passages)
+            if source.source_id in state.files else source for source in sources]
+
+
+async def _add_shared_files(run: _Run, shared: files_phase.SharedFiles, registry: SourceRegistry) -> None:
+    """The shared files, read: each a source with its passages, or a refusal named in a warning and the notes."""
+    state = run.state
+    documents: dict[str, Document] = {}
+    read_files: dict[str, FileDocument] = {}
+    for ref, read in await shared.results():
+        if isinstance(read, FileRefused):
+            await run.sink(Warning_(phase="read", message=read.plain_reason, detail={"file": ref.name}))
+            state.notes.append(read.plain_reason)
+            continue
+        source = files_phase.register(registry, ref, read)
+        state.sources[source.id] = source
+        documents[source.id] = files_phase.as_document(read, source.url)
+        read_files[source.id] = read
+    if shared.skipped:
+        note = (f"Only the newest {len(shared.refs)} shared files were read "
+                f"({shared.skipped} older {'one was' if shared.skipped == 1 else 'ones were'} left out).")
+        await run.sink(Warning_(phase="read", message=note))
+        state.notes.append(note)
+    if not documents:
+        return
+    state.documents.update(documents)
+    made = read_phase.read_passages(documents, first_number=len(state.passages) + 1)
+    state.passages.extend(files_phase.with_pages(made.passages, read_files))
+    # The text lives on in the passages; what stays is what the source list and the export say of the file.
+    state.files.update({source_id: read.model_copy(update={"text": ""}) for source_id, read in read_files.items()})
+    state.tainted_words |= made.tainted_words
+    await run.sink(SourcesRead(phase="read", pages=[ReadPage(source_id=source_id, url=state.sources[source_id].url,
+                                                             title=state.sources[source_id].title)
+                                                    for source_id in documents]))
 
 
 def _unwritten_body(state: ResearchState, reason: str, *, stopped_by_user: bool, pages_read: int) -> str:
@@ -404,14 +453,16 @@ async def research(
     cancel: CancelToken | None = None,
     state: ResearchState | None = None,
     first_seq: int = 1,
+    files: Sequence[FileRef] = (),
 ) -> Report | None:
-    """Research `question` and return the audited report (None after an error event)."""
+    """Research `question` and return the audited report (None after an error event); `files`, shared in the
+    conversation, are read as sources beside the web's (instead of it, with `options.files_only`)."""
     run = _Run(question, events, cancel, state, first_seq)
-    return await run.finish(lambda: _research(run, question, plan, context, options, tools))
+    return await run.finish(lambda: _research(run, question, plan, context, options, tools, files))
 
 
 async def _research(run: _Run, question: str, plan: Any, context: str | None,
-                    options: ResearchOptions, tools: ResearchTools) -> Report:
+                    options: ResearchOptions, tools: ResearchTools, files: Sequence[FileRef] = ()) -> Report:
     # The ranker's libraries (and the readers, without a CPU pool) load in a thread while the run waits on its model.
     readers.preload(reads_here=tools.cpu_pool is None)
     state = run.state
@@ -440,6 +491,9 @@ async def _research(run: _Run, question: str, plan: Any, context: str | None,
     )
     today = tools.today()
     reader = read_phase.PageReader(cpu_pool=tools.cpu_pool)
+    # Downloaded and read while the model plans.
+    shared = (files_phase.SharedFiles(files, downloader=tools.files, limits=tools.file_limits, cpu_pool=tools.cpu_pool)
+              if files else None)
     question_search: search_phase.QuestionSearch | None = None
     question_pages: QuestionPages | None = None
     ahead: ReportInAdvance | None = None
@@ -459,7 +513,7 @@ async def _research(run: _Run, question: str, plan: Any, context: str | None,
                 state.plan = plan_as_decomposition(plan)
             else:
                 # A follow-up's question may lean on the thread, and a lone search must not use the round's last one.
-                if context is None and options.max_searches > 1:
+                if context is None and options.max_searches > 1 and not options.files_only:
                     question_query = search_phase.build_queries([decompose_phase.question_as_query(question)], searches_left=1,
                                                                 since=options.since, already_asked=set(),
                                                                 results_per_query=options.results_per_query)
@@ -478,20 +532,26 @@ async def _research(run: _Run, question: str, plan: Any, context: str | None,
                     await run.sink(Warning_(phase="decompose", message="The question could not be broken down; researching it as asked."))
             await run.sink(PlanReady(phase="decompose", sub_questions=[sub.question for sub in state.plan.sub_questions]))
         await run.progress(phase_progress("decompose"))
+        if shared is not None:
+            async with run.phase("read"):
+                await _add_shared_files(run, shared, router.registry)
 
         async def write_report(shown: Callable[[], bool]) -> tuple[list[Passage], bool]:
             return await _write_report(run, question, context, options, llm, today, shown=shown)
 
         try:
-            async with asyncio.timeout(max(0.0, budget.gathering_seconds_left)):
-                ahead = await _gather(run, question, options, budget, router, fetcher, llm, tools, today,
-                                      reader=reader, question_search=question_search, question_pages=question_pages,
-                                      window=window, write_report=write_report if llm.config.serves_in_parallel() else None)
+            if not options.files_only:  # the asker's scope: no search provider is called
+                async with asyncio.timeout(max(0.0, budget.gathering_seconds_left)):
+                    ahead = await _gather(run, question, options, budget, router, fetcher, llm, tools, today,
+                                          reader=reader, question_search=question_search, question_pages=question_pages,
+                                          window=window,
+                                          write_report=write_report if llm.config.serves_in_parallel() else None)
         except TimeoutError:
             state.partial_reason = state.partial_reason or f"time budget of {options.max_seconds:g} s reached"
         await _read_unread(run, reader)
         if not state.passages:
-            state.passages = read_phase.snippet_passages(list(state.sources.values()))
+            state.passages = read_phase.snippet_passages(
+                [source for source in state.sources.values() if source.id not in state.files])
 
         await asyncio.wait([window])
         await run.progress(phase_progress("synthesize", 0.0))
@@ -545,6 +605,8 @@ async def _research(run: _Run, question: str, plan: Any, context: str | None,
             await ahead.drop()
         if question_search is not None:
             question_search.cancel()
+        if shared is not None:
+            shared.cancel()
         reader.cancel()
         state.search_calls = router.calls
         state.skipped_providers = router.skipped
@@ -555,7 +617,8 @@ async def _research(run: _Run, question: str, plan: Any, context: str | None,
         return unfinished_report(state, reason=state.partial_reason)
     title, body = split_title(state.audit.body_markdown)
     return Report(
-        question=question, title=title or question, body_markdown=body, sources=state.audit.sources,
+        question=question, title=title or question, body_markdown=body,
+        sources=_with_file_details(state.audit.sources, state),
         cited_passages=state.audit.cited_passages, audit=state.audit.audit,
         usage=state.usage_summary(fetch_budget), phase_seconds=state.phase_seconds,
         partial=state.partial_reason is not None, partial_reason=state.partial_reason,
@@ -625,7 +688,7 @@ def _fitting_passages(llm: LLMClient, state: ResearchState, options: ResearchOpt
                       build: Callable[[list[Passage]], list[Message]], answer_tokens: int, *,
                       fast: bool) -> tuple[list[Passage], int]:
     """The passages chosen for the prompt and how many of the best were left out to fit the known window."""
-    best = read_phase.select_for_synthesis(state.plan, state.passages, options)
+    best = read_phase.select_for_synthesis(state.plan, state.passages, options, shared=state.files.keys())
     room = llm.prompt_room(answer_tokens, fast=fast)
     if room is None or estimate_prompt_tokens(build(best)) <= room:
         return best, 0
@@ -633,7 +696,8 @@ def _fitting_passages(llm: LLMClient, state: ResearchState, options: ResearchOpt
     budget = int((room - estimate_prompt_tokens(build([]))) * 0.75 * FENCE_SHARE)
     while budget > 0:
         fitted = read_phase.select_for_synthesis(state.plan, state.passages,
-                                                 options.model_copy(update={"passage_token_budget": budget}))
+                                                 options.model_copy(update={"passage_token_budget": budget}),
+                                                 shared=state.files.keys())
         if fitted and estimate_prompt_tokens(build(fitted)) <= room:
             return fitted, max(0, len(best) - len(fitted))
         budget = int(budget * 0.8)
@@ -798,7 +862,9 @@ async def _gather(run: _Run, question: str, options: ResearchOptions, budget: Bu
 
         early = question_pages if round_number == 1 else None
         taken = set(state.fetches) | (await early.choice() if early is not None else set())
-        chosen = fetch_phase.choose_sources(list(state.sources.values()), already_fetched=taken,
+        # Shared files are read already: only web sources are fetched.
+        chosen = fetch_phase.choose_sources([source for source in state.sources.values() if source.id not in state.files],
+                                            already_fetched=taken,
                                             limit=options.max_sources - len(taken))
         if chosen or (early is not None and early.chosen):
             async with run.phase("fetch"):
@@ -1065,14 +1131,17 @@ async def answer_from_passages(
     state: ResearchState | None = None,
     first_seq: int = 1,
     on_text: OnText | None = None,
+    files: dict[str, FileDocument] | None = None,
 ) -> Report | None:
     """A follow-up answered only from an earlier run's passages, audited like a report; no web access. Its model
     calls together stay within `options.chat_max_llm_tokens` (the citation check is skipped past it). The draft is
-    streamed to `on_text` as the model writes it, when given; the report returned is the audited answer."""
+    streamed to `on_text` as the model writes it, when given; the report returned is the audited answer. `files`
+    are the sources among `sources` that are shared files (their details, by source id)."""
     options = options or ResearchOptions()
     run = _Run(question, events, cancel, state, first_seq)
     run.state.sources = dict(sources)
     run.state.passages = list(passages)
+    run.state.files = dict(files or {})
     budget = Budget(options.for_chat())
     budget.tokens_used = lambda: run.state.total_tokens
 
@@ -1112,8 +1181,8 @@ async def answer_from_passages(
         return Report(
             question=question, title=shortened(question, TITLE_QUESTION_CHARS), mode="followup",
             body_markdown=audit.body_markdown,
-            sources=audit.sources, cited_passages=audit.cited_passages, audit=audit.audit,
-            usage=run.state.usage_summary(), phase_seconds=run.state.phase_seconds,
+            sources=_with_file_details(audit.sources, run.state), cited_passages=audit.cited_passages,
+            audit=audit.audit, usage=run.state.usage_summary(), phase_seconds=run.state.phase_seconds,
             partial=reason is not None, partial_reason=reason,
         )
 

@@ -20,6 +20,7 @@ The tree (a test checks that it draws every subclass, under its own parent):
      │    ├── CpuTaskTimedOut        past the pool's time limit, its process killed
      │    └── CpuWorkerDied          its process died (killed, crashed, out of memory)
      ├── FetchStopped                research.fetch: a fetch ended early with a recorded outcome
+     ├── FileRefused                 research.files: a shared file that cannot be a source (named, with why)
      ├── ResolutionError             research.netguard: a host name resolved to no address
      ├── MalformedHostError          research.netguard: a host no resolver reads the same way twice (a ValueError too)
      ├── MessengerError              chat.message: the platform refused a message after retries (reason, retryable)

@@ -15,6 +15,7 @@ import threading
 import unicodedata
 import zlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlsplit
 
@@ -44,6 +45,8 @@ DEFAULT_MAX_PDF_PAGE_CONTENT_BYTES = 16 * 1024 * 1024
 _INFLATE_CHUNK_BYTES = 1024 * 1024
 
 BodyKind = Literal["html", "pdf", "text"]
+# Why `read_pdf_pages` read no pages: a page that inflates past the cap, a password, or no reader managing.
+PdfProblem = Literal["oversized", "encrypted", "unreadable"]
 
 _HTML_CONTENT_TYPES = frozenset({"text/html", "application/xhtml+xml", "application/xml", "text/xml"})
 _TEXT_CONTENT_TYPES = frozenset({"text/plain", "text/markdown", "text/x-markdown", "text/csv"})
@@ -94,6 +97,15 @@ _TRAFILATURA_OPTIONS = TrafilaturaOptions(output_format="python", comments=False
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class PdfPages:
+    """A PDF's first pages read: each page's text cleaned ("" for a page without text), and its title and author."""
+
+    texts: list[str]
+    title: str | None
+    author: str | None
+
+
 def page_host(url: str) -> str:
     """What a log line says of a page: its host, since a full URL may be one a person pasted into a question."""
     return urlsplit(url).hostname or "a page"
@@ -137,7 +149,7 @@ def detect_body_kind(body: bytes, content_type: str | None) -> BodyKind | None:
         return "text"
     if _HTML_SIGNATURE.search(head):
         return "html"
-    if media_type is None and _looks_like_text(head):
+    if media_type is None and looks_like_text(head):
         return "text"
     return None
 
@@ -189,7 +201,7 @@ def extract_html(
         extracted = None
     else:
         extracted = _trafilatura_extraction(tree, url)
-    text = _clean_text(extracted.text) if extracted is not None and extracted.text else ""
+    text = clean_text(extracted.text) if extracted is not None and extracted.text else ""
     if not text:
         text = _fallback_text_of_tree(tree)
     if not text:
@@ -198,7 +210,7 @@ def extract_html(
     return Document(
         url=url,
         kind="html",
-        text=_capped(text, max_text_characters),
+        text=capped_text(text, max_text_characters),
         title=_clean_title(metadata.title if metadata is not None else None) or _title_of_tree(tree),
         author=metadata.author if metadata is not None else None,
         published=metadata.date if metadata is not None else None,
@@ -233,25 +245,48 @@ def extract_pdf(
     """The text of a PDF's first `max_pages` pages with its title and author, or None when it is unreadable, has no text,
     or has a page whose content streams inflate past `max_page_content_bytes` (checked before any page is parsed).
     """
-    if max_page_content_bytes is not None and _has_oversized_page_content(body, max_pages, max_page_content_bytes):
-        logger.warning("%s has a page whose content inflates past %d bytes; not reading it", page_host(url), max_page_content_bytes)
+    pages = read_pdf_pages(body, max_pages=max_pages, max_text_characters=max_text_characters,
+                           max_page_content_bytes=max_page_content_bytes, described_as=page_host(url))
+    if isinstance(pages, str):
         return None
+    text = "\n\n".join(page for page in pages.texts if page)
+    if not text:
+        return None
+    return Document(url=url, kind="pdf", text=capped_text(text, max_text_characters), title=pages.title,
+                    author=pages.author)
+
+
+def read_pdf_pages(
+    body: bytes,
+    *,
+    max_pages: int,
+    max_text_characters: int,
+    max_page_content_bytes: int | None,
+    described_as: str = "a PDF",
+) -> PdfPages | PdfProblem:
+    """The cleaned text of each of a PDF's first `max_pages` pages (pdfium first, pypdf when pdfium cannot read it), or
+    what stopped it: a page whose content streams inflate past `max_page_content_bytes` (checked before any page is
+    parsed), a password, or neither reader managing. Pages joined by a blank line make `extract_pdf`'s text.
+
+    `described_as` is what the log lines call the PDF (a page's host; never a person's file name or a full URL).
+    """
+    if max_page_content_bytes is not None and _has_oversized_page_content(body, max_pages, max_page_content_bytes):
+        logger.warning("%s has a page whose content inflates past %d bytes; not reading it", described_as, max_page_content_bytes)
+        return "oversized"
     try:
         page_texts, metadata = _pdfium_pages(body, max_pages, max_text_characters)
     except Exception as error:  # pdfium raises its own error types and ctypes errors on broken files
-        logger.info("pdfium could not read %s (%s); trying pypdf", page_host(url), type(error).__name__)
+        if _is_password_error(error):
+            logger.info("%s needs a password", described_as)
+            return "encrypted"
+        logger.info("pdfium could not read %s (%s); trying pypdf", described_as, type(error).__name__)
         try:
             page_texts, metadata = _pypdf_pages(body, max_pages)
         except Exception as second_error:  # pypdf raises many error types on broken files
-            logger.info("pypdf could not read %s either (%s)", page_host(url), type(second_error).__name__)
-            return None
-    text = _clean_text("\n\n".join(unwrap_lines(page) for page in page_texts))
-    if not text:
-        return None
-    return Document(
-        url=url,
-        kind="pdf",
-        text=_capped(text, max_text_characters),
+            logger.info("pypdf could not read %s either (%s)", described_as, type(second_error).__name__)
+            return "unreadable"
+    return PdfPages(
+        texts=[clean_text(unwrap_lines(page)) for page in page_texts],
         title=metadata.get("title") or None,
         author=metadata.get("author") or None,
     )
@@ -309,10 +344,10 @@ def extract_plain_text(
     max_text_characters: int = DEFAULT_MAX_TEXT_CHARACTERS,
 ) -> Document | None:
     """A plain-text body as a document, or None when it is empty."""
-    text = _clean_text(unwrap_lines(decode_body(body, content_type)))
+    text = clean_text(unwrap_lines(decode_body(body, content_type)))
     if not text:
         return None
-    return Document(url=url, kind="text", text=_capped(text, max_text_characters))
+    return Document(url=url, kind="text", text=capped_text(text, max_text_characters))
 
 
 def snippet_documents(results: Sequence[SearchResult]) -> list[tuple[str, Document]]:
@@ -392,7 +427,7 @@ def _fallback_text_of_tree(tree: lxml.html.HtmlElement) -> str:
     blocks = [block for block in blocks if block]
     if not blocks:
         blocks = [line for line in (_SPACES.sub(" ", line).strip() for line in container.text_content().splitlines()) if line]
-    return _clean_text("\n".join(blocks))
+    return clean_text("\n".join(blocks))
 
 
 def _title_of_tree(tree: lxml.html.HtmlElement) -> str | None:
@@ -495,6 +530,13 @@ def _pdfium_pages(body: bytes, max_pages: int, max_characters: int) -> tuple[lis
     return texts, {"title": metadata.get("Title", ""), "author": metadata.get("Author", "")}
 
 
+def _is_password_error(error: Exception) -> bool:
+    """Whether pdfium refused a PDF because it needs a password (pypdf would refuse it too, less plainly)."""
+    import pypdfium2.raw
+
+    return getattr(error, "err_code", None) == pypdfium2.raw.FPDF_ERR_PASSWORD
+
+
 def _pypdf_pages(body: bytes, max_pages: int) -> tuple[list[str], dict[str, str]]:
     """Text of each of the first pages and the title/author metadata, read with pypdf."""
     import io
@@ -536,7 +578,7 @@ def _declared_encodings(body: bytes, content_type: str | None) -> list[str]:
     return resolved
 
 
-def _looks_like_text(head: bytes) -> bool:
+def looks_like_text(head: bytes) -> bool:
     """Whether leading bytes look like text rather than a binary format."""
     if not head:
         return False
@@ -631,7 +673,7 @@ def _element_text(element: lxml.html.HtmlElement) -> str:
     return _SPACES.sub(" ", " ".join(element.text_content().split())).strip()
 
 
-def _clean_text(text: str) -> str:
+def clean_text(text: str) -> str:
     """Text in NFC with runs of spaces collapsed, lines trimmed and at most one blank line in a row."""
     normalized = _collapse_spaces(unicodedata.normalize("NFC", text).replace("\r\n", "\n").replace("\r", "\n"))
     # Documentation generators end headings with a "¶" anchor link.
@@ -647,7 +689,7 @@ def _collapse_spaces(text: str) -> str:
     return _SPACES.sub(" ", text)
 
 
-def _capped(text: str, max_characters: int) -> str:
+def capped_text(text: str, max_characters: int) -> str:
     """Text cut to at most `max_characters`, at the last whitespace before the cap when there is one."""
     if len(text) <= max_characters:
         return text

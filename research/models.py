@@ -80,6 +80,7 @@ class Passage(BaseModel):
     start: int
     end: int
     is_snippet: bool = False
+    page: int | None = None  # for a shared PDF: the page the passage starts on
 
 
 class ModelUsage(BaseModel):

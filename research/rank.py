@@ -53,12 +53,14 @@ def select_passages(
     *,
     min_sources: int = 3,
     max_per_source: int = DEFAULT_MAX_PASSAGES_PER_SOURCE,
+    first_sources: Sequence[str] = (),
 ) -> list[Passage]:
     """The best passages across sub-questions that fit in `token_budget`, in passage-id order.
 
-    Candidates are taken round-robin across sub-questions by rank. First the best passage of each
-    new source until `min_sources` sources are in; then candidates in order while their source has
-    fewer than `max_per_source`; then, if budget remains, any candidate that fits.
+    Candidates are taken round-robin across sub-questions by rank. First the best passage of each of
+    `first_sources` (files the asker shared); then the best passage of each new source until
+    `min_sources` sources are in; then candidates in order while their source has fewer than
+    `max_per_source`; then, if budget remains, any candidate that fits.
     """
     candidates = _round_robin(ranked_per_subquestion)
     chosen: dict[str, Passage] = {}
@@ -74,6 +76,10 @@ def select_passages(
     def fits(passage: Passage) -> bool:
         return passage.id not in chosen and spent + estimate_tokens(passage.text) <= token_budget
 
+    wanted = set(first_sources)
+    for passage in candidates:
+        if passage.source_id in wanted and passage.source_id not in sources and fits(passage):
+            take(passage)
     for passage in candidates:
         if len(sources) >= min_sources:
             break

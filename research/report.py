@@ -47,8 +47,21 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
+class SourceFile(BaseModel):
+    """What a report says of a source that is a file shared in the conversation, not a web page."""
+
+    name: str
+    kind: str  # research.files.FileKind
+    size: int
+    sha256: str
+
+
 class ReportSource(BaseModel):
-    """A source as the reader sees it: its number `[n]` in order of first use, and the passages cited from it."""
+    """A source as the reader sees it: its number `[n]` in order of first use, and the passages cited from it.
+
+    A shared file's source has `file` set, `url` its link on its platform (empty in the terminal), and for a PDF
+    the `pages` its cited passages are on; its `title` names the file, its kind and those pages.
+    """
 
     number: int
     source_id: str
@@ -57,6 +70,8 @@ class ReportSource(BaseModel):
     provider: str = ""
     passages_used: list[str] = Field(default_factory=list)
     snippet_only: bool = False
+    file: SourceFile | None = None
+    pages: list[int] = Field(default_factory=list)
 
 
 class CitedPassage(BaseModel):
@@ -597,7 +612,7 @@ def _html_source_item(source: ReportSource, passages: Sequence[CitedPassage]) ->
         parts = [_link(url, title), f'<span class="url">{_escape(url)}</span>']
     else:
         parts = [title] + ([f'<span class="url">{_escape(source.url)}</span>'] if source.url else [])
-    if source.provider:
+    if source.provider and source.file is None:
         parts.append(f'<span class="provider">via {_escape(source.provider)}</span>')
     if source.snippet_only:
         parts.append(f'<span class="snippet">{SNIPPET_LABEL}</span>')

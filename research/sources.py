@@ -93,6 +93,17 @@ class SourceRegistry:
         self._by_id[source_id] = registered
         return registered
 
+    def add_file(self, result: SearchResult, *, key: str) -> SearchResult:
+        """Register a shared file's source under `key` (its platform id: a file has no canonical URL, and in the
+        terminal no URL at all); the earlier one when the same file is registered again."""
+        existing = self._by_url.get(key)
+        if existing is not None:
+            return existing
+        registered = result.model_copy(update={"id": f"s{len(self._by_id) + 1}"})
+        self._by_url[key] = registered
+        self._by_id[registered.id] = registered
+        return registered
+
     def add_results(
         self,
         results: Iterable[SearchResult],

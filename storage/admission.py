@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Any, NamedTuple
 
 from sqlalchemy import and_, func, or_, select, update
 
 from storage.db import Sessions, changed_rows, database_now, off_loop
 from storage.leases import ADMITTED, RESUBMITTED, START_GRACE_SECONDS, RunTask
-from storage.models import Conversation, Message, Run
+from storage.models import Conversation, ConversationFile, Message, Run
 from storage.vocabulary import ACTIVE_STATES, RunMode, RunOptions, RunState
 
 
@@ -147,15 +147,17 @@ def cancellers(sessions: Sessions, run_ids: Collection[int]) -> dict[int, str]:
 
 def queue_run_in_own_conversation(sessions: Sessions, *, platform: str, workspace: str, channel: str, requester: str,
                                   mode: RunMode, question: str, options: RunOptions,
-                                  plan: dict[str, Any] | None = None) -> int:
-    """A conversation of its own (a new thread id) in the channel, and a queued run in it; returns the run id."""
+                                  plan: dict[str, Any] | None = None, files: Sequence[Any] = ()) -> int:
+    """A conversation of its own (a new thread id) in the channel, with `files` (`storage.conversations.SharedFile`)
+    shared in it, and a queued run in it; returns the run id."""
     with sessions.begin() as session:
         conversation = Conversation(platform=platform, workspace=workspace, channel=channel,
                                     thread=uuid.uuid4().hex, created_by=requester)
         run = Run(conversation=conversation, workspace=workspace, mode=mode, question=question,
                   options=options, plan=plan, requested_by=requester)
         session.add_all([conversation, run,
-                         Message(conversation=conversation, role="user", author=requester, text=question, mode=mode)])
+                         Message(conversation=conversation, role="user", author=requester, text=question, mode=mode),
+                         *(ConversationFile(conversation=conversation, **shared._asdict()) for shared in files)])
         session.flush()
         return run.id
 

@@ -13,9 +13,10 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy import delete, func, insert, select
 from sqlalchemy.orm import Session, joinedload
 
+from storage.conversations import SharedFile
 from storage.db import Sessions, database_now, off_loop
 from storage.leases import holds_attempt, take_lease
-from storage.models import Citation, Event, Message, Passage, Run, Source
+from storage.models import Citation, ConversationFile, Event, Message, Passage, Run, Source
 from storage.vocabulary import RunState
 
 
@@ -38,13 +39,17 @@ class StoredPassage(NamedTuple):
     url: str
     title: str | None
     provider: str | None
+    page: int | None = None
+    file: dict[str, Any] | None = None  # a shared file's details (research.report.SourceFile as JSON)
 
 
 class RunInputs(NamedTuple):
-    """What a run reads before it starts: its thread's latest messages (oldest first), and the passages it answers from."""
+    """What a run reads before it starts: its thread's latest messages (oldest first), the passages it answers from,
+    and the files shared in its conversation (the newest, oldest first)."""
 
     history: list[Message]
     passages: list[StoredPassage]
+    files: list[SharedFile] = []
 
 
 class SourceFinding(NamedTuple):
@@ -58,6 +63,7 @@ class SourceFinding(NamedTuple):
     published: str | None
     fetch_status: str | None
     fetch_reason: str | None
+    file: dict[str, Any] | None = None  # a shared file's kind, size and SHA-256
 
 
 class PassageFinding(NamedTuple):
@@ -69,6 +75,7 @@ class PassageFinding(NamedTuple):
     start: int
     end: int
     is_snippet: bool
+    page: int | None = None
 
 
 class CitationFinding(NamedTuple):
@@ -144,19 +151,25 @@ def write_events(sessions: Sessions, run_id: int, attempt: int, rows: list[dict[
 
 
 def run_inputs(sessions: Sessions, conversation_id: int, *, history_messages: int,
-               answer_from_run: int | None) -> RunInputs:
-    """The conversation's latest `history_messages` messages, and the passages of run `answer_from_run` (if any)."""
+               answer_from_run: int | None, max_files: int = 0) -> RunInputs:
+    """The conversation's latest `history_messages` messages, the passages of run `answer_from_run` (if any), and
+    the newest `max_files` files shared in the conversation."""
     with sessions() as session:
         newest = session.scalars(select(Message).where(Message.conversation_id == conversation_id)
                                  .order_by(Message.id.desc()).limit(history_messages)).all()
         passages = _passages_of(session, answer_from_run) if answer_from_run is not None else []
-    return RunInputs(list(reversed(newest)), passages)
+        files = session.execute(
+            select(ConversationFile.file_id, ConversationFile.name, ConversationFile.size, ConversationFile.mimetype,
+                   ConversationFile.url, ConversationFile.link, ConversationFile.shared_by)
+            .where(ConversationFile.conversation_id == conversation_id)
+            .order_by(ConversationFile.id.desc()).limit(max_files)).all() if max_files > 0 else []
+    return RunInputs(list(reversed(newest)), passages, [SharedFile(*row) for row in reversed(files)])
 
 
 def _passages_of(session: Session, run_id: int) -> list[StoredPassage]:
     rows = session.execute(
         select(Passage.passage_id, Passage.text, Passage.start, Passage.end, Passage.is_snippet,
-               Source.source_id, Source.url, Source.title, Source.provider)
+               Source.source_id, Source.url, Source.title, Source.provider, Passage.page, Source.file)
         .join(Passage.source).where(Passage.run_id == run_id).order_by(Passage.id))
     return [StoredPassage(*row) for row in rows]
 
@@ -205,7 +218,7 @@ def _add_findings(session: Session, run_id: int, findings: Findings) -> None:
         if source_of_passage is None:
             continue
         passage_row = Passage(run_id=run_id, source=source_of_passage, passage_id=passage.passage_id, text=passage.text,
-                              start=passage.start, end=passage.end, is_snippet=passage.is_snippet)
+                              start=passage.start, end=passage.end, is_snippet=passage.is_snippet, page=passage.page)
         session.add(passage_row)
         passage_rows[passage.passage_id] = passage_row
     for cited in findings.citations:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any, Literal, NamedTuple
 
 from sqlalchemy import ColumnElement, Select, func, or_, select, update
@@ -19,7 +20,7 @@ from sqlalchemy.orm import Session
 from storage.admission import waiting
 from storage.db import Sessions, hold_write_lock, off_loop
 from storage.feedback import Verdict, record_comment, record_verdict
-from storage.models import Conversation, Message, Run
+from storage.models import Conversation, ConversationFile, Message, Run
 from storage.quotas import DailyQuotas, QuotaReached, quota_reached
 from storage.vocabulary import ACTIVE_STATES, RunMode, RunOptions
 
@@ -43,6 +44,8 @@ class ThreadView:
 
     conversation: Conversation
     runs: list[Run] = field(default_factory=list)
+    shared_files: int = 0  # files shared in the conversation (sources of its research)
+    newest_file_at: dt.datetime | None = None  # when the newest of them was shared
 
     @property
     def key(self) -> ThreadKey:
@@ -69,6 +72,18 @@ class ThreadView:
         return next((run for run in reversed(self.runs) if run.report_json is not None), None)
 
 
+class SharedFile(NamedTuple):
+    """A file shared in a conversation, as its platform described it (`ConversationFile`): a source of its runs."""
+
+    file_id: str
+    name: str
+    size: int | None = None
+    mimetype: str | None = None
+    url: str = ""
+    link: str | None = None
+    shared_by: str | None = None
+
+
 class HistoryTurn(NamedTuple):
     """A message of a platform thread the bot joined late, stored as the conversation's context."""
 
@@ -91,6 +106,7 @@ class NewRun:
     message_id: str | None = None
     visibility: Visibility | None = None
     history: tuple[HistoryTurn, ...] = ()
+    files: tuple[SharedFile, ...] = ()  # shared with the request: sources of this run and the thread's next ones
 
 
 class ThreadBusy(Exception):
@@ -136,8 +152,12 @@ def _view_of(session: Session, conversation: Conversation | None) -> ThreadView 
     if conversation is None:
         return None
     runs = list(session.scalars(select(Run).where(Run.conversation_id == conversation.id).order_by(Run.id)))
+    shared_files, newest_file_at = session.execute(
+        select(func.count(ConversationFile.id), func.max(ConversationFile.created_at))
+        .where(ConversationFile.conversation_id == conversation.id)).one()
     session.expunge_all()
-    return ThreadView(conversation=conversation, runs=runs)
+    return ThreadView(conversation=conversation, runs=runs, shared_files=shared_files or 0,
+                      newest_file_at=newest_file_at)
 
 
 def load_run(sessions: Sessions, run_id: int) -> Run | None:
@@ -249,6 +269,7 @@ def store_run(sessions: Sessions, new: NewRun, *, max_waiting: int | None = None
                                     author=turn.author, text=turn.text))
             session.add(Message(conversation=conversation, role="user", author=new.requested_by, text=new.question,
                                 platform_message_id=new.message_id, mode=new.mode))
+            _add_files(session, conversation, new.files)
             run = Run(conversation=conversation, workspace=new.key.workspace, mode=new.mode, question=new.question,
                       options=new.options, plan=new.plan, requested_by=new.requested_by)
             session.add(run)
@@ -274,14 +295,53 @@ def _one_new_run_at_a_time(session: Session, holder: str) -> None:
 
 
 def _conversation(session: Session, new: NewRun) -> Conversation:
-    found = session.scalar(select(Conversation).where(*_conversation_where(new.key)))
+    return _conversation_at(session, new.key, created_by=new.requested_by, visibility=new.visibility)
+
+
+def _conversation_at(session: Session, key: ThreadKey, *, created_by: str, visibility: Visibility | None) -> Conversation:
+    found = session.scalar(select(Conversation).where(*_conversation_where(key)))
     if found is not None:
         return found
-    key = new.key
     conversation = Conversation(platform=key.platform, workspace=key.workspace, channel=key.channel, thread=key.thread,
-                                created_by=new.requested_by, visibility=new.visibility or PRIVATE)
+                                created_by=created_by, visibility=visibility or PRIVATE)
     session.add(conversation)
     return conversation
+
+
+def _add_files(session: Session, conversation: Conversation, files: Sequence[SharedFile]) -> list[SharedFile]:
+    """Add the files the conversation does not hold yet (by platform id); returns those added."""
+    if not files:
+        return []
+    held = set(session.scalars(select(ConversationFile.file_id).where(
+        ConversationFile.conversation_id == conversation.id))) if conversation.id is not None else set()
+    added: list[SharedFile] = []
+    for shared in files:
+        if shared.file_id in held:
+            continue
+        held.add(shared.file_id)
+        session.add(ConversationFile(conversation=conversation, **shared._asdict()))
+        added.append(shared)
+    return added
+
+
+def remember_files(sessions: Sessions, key: ThreadKey, files: Sequence[SharedFile], *, shared_by: str,
+                   visibility: Visibility | None = None) -> list[SharedFile]:
+    """Keep `files` as sources of the conversation in `key`'s thread (made if new): a reply that only shares files
+    starts no run. Returns the files it did not hold yet."""
+    with sessions.begin() as session:
+        conversation = _conversation_at(session, key, created_by=shared_by, visibility=visibility)
+        session.flush()
+        return _add_files(session, conversation, files)
+
+
+def files_of_thread(sessions: Sessions, key: ThreadKey) -> list[SharedFile]:
+    """The files shared in the conversation in `key`'s thread, oldest first."""
+    with sessions() as session:
+        rows = session.execute(
+            select(ConversationFile.file_id, ConversationFile.name, ConversationFile.size, ConversationFile.mimetype,
+                   ConversationFile.url, ConversationFile.link, ConversationFile.shared_by)
+            .join(Conversation).where(*_conversation_where(key)).order_by(ConversationFile.id)).all()
+    return [SharedFile(*row) for row in rows]
 
 
 def store_status_message(sessions: Sessions, run_id: int, status_message: dict[str, Any], message_id: str) -> None:
@@ -344,6 +404,8 @@ awaiting_runs_of = off_loop(waiting_runs_of)
 awaiting_runs_in_workspace = off_loop(waiting_runs_in_workspace)
 adaily_quota_reached = off_loop(daily_quota_reached)
 astore_run = off_loop(store_run)
+aremember_files = off_loop(remember_files)
+afiles_of_thread = off_loop(files_of_thread)
 astore_status_message = off_loop(store_status_message)
 alatest_question = off_loop(latest_question)
 alisted_runs = off_loop(listed_runs)

@@ -43,6 +43,34 @@ class Conversation(Base):
     runs: Mapped[list[Run]] = relationship(
         back_populates="conversation", cascade="all, delete-orphan", passive_deletes=True, order_by="Run.id"
     )
+    files: Mapped[list[ConversationFile]] = relationship(
+        back_populates="conversation", cascade="all, delete-orphan", passive_deletes=True,
+        order_by="ConversationFile.id"
+    )
+
+
+class ConversationFile(Base):
+    """A file a person shared in a conversation, as its platform describes it: a source of the conversation's runs.
+
+    Only the reference is kept (the platform's id, name, where to download it and where to open it); the bytes are
+    downloaded by each run that reads the file, and never stored.
+    """
+
+    __tablename__ = "conversation_files"
+    __table_args__ = (UniqueConstraint("conversation_id", "file_id", name="uq_conversation_files_file"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    conversation_id: Mapped[int] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"), index=True)
+    file_id: Mapped[str] = mapped_column(Text)
+    name: Mapped[str] = mapped_column(Text)
+    size: Mapped[int | None] = mapped_column(Integer)
+    mimetype: Mapped[str | None] = mapped_column(String(128))
+    url: Mapped[str] = mapped_column(Text, default="")
+    link: Mapped[str | None] = mapped_column(Text)
+    shared_by: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+    conversation: Mapped[Conversation] = relationship(back_populates="files")
 
 
 class Message(Base):
@@ -146,6 +174,8 @@ class Source(Base):
     published: Mapped[str | None] = mapped_column(String(32))
     fetch_status: Mapped[str | None] = mapped_column(String(16))
     fetch_reason: Mapped[str | None] = mapped_column(Text)
+    # A shared file's kind, size and SHA-256 (`research.report.SourceFile`); None for a web source.
+    file: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
     run: Mapped[Run] = relationship(back_populates="sources")
     passages: Mapped[list[Passage]] = relationship(back_populates="source", passive_deletes=True)
@@ -165,6 +195,7 @@ class Passage(Base):
     start: Mapped[int] = mapped_column(Integer)
     end: Mapped[int] = mapped_column(Integer)
     is_snippet: Mapped[bool] = mapped_column(Boolean, default=False)
+    page: Mapped[int | None] = mapped_column(Integer)  # a PDF's page the passage starts on
 
     run: Mapped[Run] = relationship(back_populates="passages")
     source: Mapped[Source] = relationship(back_populates="passages")

@@ -44,8 +44,9 @@ def run_mode(value: str) -> RunMode:
 class RunOptions(BaseModel):
     """The requester's narrowing of a run, stored as JSON on its row (`runs.options`).
 
-    `since` is an ISO date; `preset` shortens (`quick`) or deepens (`deep`) the budget; a follow-up
-    names the run whose passages it answers from in `answer_from_run`.
+    `since` is an ISO date; `preset` shortens (`quick`) or deepens (`deep`) the budget; `files_only` keeps the
+    run to the files shared in its conversation; a follow-up names the run whose passages it answers from in
+    `answer_from_run`.
     """
 
     model_config = ConfigDict(frozen=True, extra="ignore")
@@ -54,9 +55,12 @@ class RunOptions(BaseModel):
     sites: list[str] | None = None
     preset: Literal["quick", "deep"] | None = None
     answer_from_run: int | None = None
+    # Only the files shared in the conversation, no search provider called (`--files-only`, or "files only").
+    files_only: bool = False
 
     def carried(self) -> RunOptions:
-        """The narrowing a follow-on run of the same question keeps (since, sites, preset), not what it answered from."""
+        """The narrowing a follow-on run of the same question keeps (since, sites, preset, files only), not what it
+        answered from."""
         return self.model_copy(update={"answer_from_run": None})
 
     def merged(self, newer: RunOptions) -> RunOptions:

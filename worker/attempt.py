@@ -44,6 +44,7 @@ from worker.runner import (
     RunRecorder,
     StartedAttempt,
     context_text,
+    file_refs,
     findings_of,
     turns_of,
     outcome_of,
@@ -198,9 +199,10 @@ class RunAttempt:
         tools = services.tools
         options = options_for_run(services.options, run.options)
         inputs = await arun_inputs(services.sessions, run.conversation_id, history_messages=HISTORY_MESSAGES,
-                                   answer_from_run=run.options.answer_from_run if run.mode == "followup" else None)
+                                   answer_from_run=run.options.answer_from_run if run.mode == "followup" else None,
+                                   max_files=tools.file_limits.max_files if run.mode == "research" else 0)
         earlier = without_current_question(turns_of(inputs.history), run.question)
-        passages, sources = passages_and_sources(inputs.passages)
+        passages, sources, files = passages_and_sources(inputs.passages)
         # The thread's history takes at most CHAT_MAX_CONTEXT_TOKENS, and at most a quarter of the model's window, so
         # the passages and the answer keep their room (the window is asked of the server once per process; a run
         # with no history to fit does not wait for the answer: the engine asks beside its first steps).
@@ -213,7 +215,8 @@ class RunAttempt:
         match run.mode:
             case "research":
                 work = engine.research(run.question, plan=run.plan, context=context_text(history), options=options,
-                                       tools=tools, events=recorder, cancel=cancel, state=state, first_seq=first_seq)
+                                       tools=tools, events=recorder, cancel=cancel, state=state, first_seq=first_seq,
+                                       files=file_refs(inputs.files, workspace=run.workspace))
             case "plan":
                 work = engine.plan(run.question, context=context_text(history), llm=tools.llm, today=tools.today(),
                                    events=recorder, cancel=cancel, state=state, first_seq=first_seq)
@@ -223,7 +226,8 @@ class RunAttempt:
             case "followup":
                 work = engine.answer_from_passages(run.question, history=history, passages=passages, sources=sources,
                                                    llm=tools.llm, today=tools.today(), options=options, on_text=on_text,
-                                                   events=recorder, cancel=cancel, state=state, first_seq=first_seq)
+                                                   events=recorder, cancel=cancel, state=state, first_seq=first_seq,
+                                                   files=files)
         return work, options
 
     async def _store_outcome(self, store: Callable[[], Awaitable[bool]]) -> bool:

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 from research import engine
 from research.budget import ResearchOptions
 from research.events import Aborted, Complete, Error, Event, PhaseStarted, TerminalEvent
+from research.files import FileDocument, FileRef
 from research.models import Passage as FoundPassage
 from research.models import SearchResult
 from research.report import Report, render_markdown
@@ -30,6 +31,7 @@ from storage.attempts import (
     write_events,
 )
 from storage.attempts import start_attempt as take_attempt
+from storage.conversations import SharedFile
 from storage.db import Sessions
 from storage.models import Message, Run
 from storage.vocabulary import RunOptions, RunState
@@ -67,12 +69,15 @@ class RunnerServices:
 
 
 def options_for_run(base: ResearchOptions, stored: RunOptions) -> ResearchOptions:
-    """The run's options: the configured budget with the requester's narrowing (since, sites, preset) applied."""
+    """The run's options: the configured budget with the requester's narrowing (since, sites, files only, preset)
+    applied."""
     update: dict[str, Any] = {}
     if stored.since:
         update["since"] = dt.date.fromisoformat(stored.since)
     if stored.sites:
         update["sites"] = list(stored.sites)
+    if stored.files_only:
+        update["files_only"] = True
     preset = stored.preset
     if preset == "quick":
         update.update(max_rounds=1, max_sources=min(base.max_sources, 6), max_searches=min(base.max_searches, 8),
@@ -185,14 +190,29 @@ def context_text(history: list[Turn]) -> str | None:
     return "\n".join(f"{turn['role']}: {turn['content']}" for turn in history)
 
 
-def passages_and_sources(rows: list[StoredPassage]) -> tuple[list[FoundPassage], dict[str, SearchResult]]:
-    """The passages and sources of the run a follow-up answers from, as the engine takes them."""
+def passages_and_sources(rows: list[StoredPassage]) -> tuple[list[FoundPassage], dict[str, SearchResult],
+                                                         dict[str, FileDocument]]:
+    """The passages and sources of the run a follow-up answers from, as the engine takes them, and which of those
+    sources are shared files."""
     passages = [FoundPassage(id=row.passage_id, source_id=row.source_id, text=row.text, start=row.start,
-                             end=row.end, is_snippet=row.is_snippet) for row in rows]
+                             end=row.end, is_snippet=row.is_snippet, page=row.page) for row in rows]
     sources = {row.source_id: SearchResult(id=row.source_id, provider=row.provider or "", title=row.title or row.url,
                                            url=row.url)
                for row in rows}
-    return passages, sources
+    files = {row.source_id: FileDocument.model_validate({**row.file, "text": ""}) for row in rows if row.file}
+    return passages, sources, files
+
+
+def file_refs(files: list[SharedFile], *, workspace: str) -> list[FileRef]:
+    """The files shared in a run's conversation, as the engine takes them (the run's workspace downloads them)."""
+    return [FileRef(**shared._asdict(), workspace=workspace) for shared in files]
+
+
+def _file_details(document: FileDocument | None) -> dict[str, Any] | None:
+    """What storage keeps of a shared file's source: its name, kind, size and SHA-256 (never its text)."""
+    if document is None:
+        return None
+    return document.model_dump(mode="json", include={"name", "kind", "size", "sha256"})
 
 
 class StartedAttempt(NamedTuple):
@@ -232,9 +252,10 @@ def findings_of(state: engine.ResearchState) -> Findings:
         sources.append(SourceFinding(
             source_id=source_id, url=found.url, title=found.title, snippet=found.snippet, provider=found.provider,
             published=found.published.isoformat() if found.published else None,
-            fetch_status=outcome.status if outcome else None, fetch_reason=outcome.reason if outcome else None))
+            fetch_status=outcome.status if outcome else None, fetch_reason=outcome.reason if outcome else None,
+            file=_file_details(state.files.get(source_id))))
     passages = [PassageFinding(passage_id=found.id, source_id=found.source_id, text=found.text, start=found.start,
-                               end=found.end, is_snippet=found.is_snippet) for found in state.passages]
+                               end=found.end, is_snippet=found.is_snippet, page=found.page) for found in state.passages]
     citations = [CitationFinding(sentence=verdict.sentence, verdict=verdict.stored_verdict, passage_id=verdict.passage_id)
                  for verdict in (state.audit.citations if state.audit is not None else [])]
     return Findings(sources, passages, citations)

@@ -16,6 +16,7 @@ from config import Settings
 from ops.log_context import logged_as_run
 from ops.metrics import process_metrics
 from research.cpu import cpu_pool
+from research.files import FileDownloader, LocalFiles
 from storage.answer_drafts import AnswerDraftWriter
 from storage.admission import aqueue_positions
 from storage.db import Engine, make_session_factory, pooled_engine
@@ -121,6 +122,7 @@ class WorkerRuntime:
         if started is None:
             return
         services, close = self._services()
+        services.tools.files = self._files(started.run.conversation.platform)
         # A platform with nothing delivered (the terminal) follows the answer's draft in Redis instead.
         answer_draft = AnswerDraftWriter(self.aredis, run_id) if delivery is None else None
         RunAttempt(started, services, owner=owner, delivery=delivery).run_in_worker(
@@ -163,6 +165,12 @@ class WorkerRuntime:
                 # One per process: its HTTP connections and the platform's rate-limit state serve every run.
                 self._outbound[platform] = known.outbound(self.settings)
             return self._outbound[platform]
+
+    def _files(self, platform: str) -> FileDownloader | None:
+        """How the run reaches the files shared with it: its platform's own file hosts, or (a platform that shows
+        its runs itself, the terminal, on this machine) the disk."""
+        parts = self._platform_parts(platform)
+        return LocalFiles() if parts is None else parts.files
 
     def _delivering_platforms(self) -> list[str]:
         """The platforms whose finished runs this worker can deliver."""

@@ -8,6 +8,7 @@ import httpx
 
 from config import Settings
 from research.budget import ResearchOptions
+from research.phases.files import FileLimits
 from research.engine import ResearchTools
 from research.fetch import FetchConfig
 from research.limits import CircuitBreaker, RateLimiter
@@ -91,4 +92,6 @@ def build_research_tools(
         limiter=limiter,
         breaker=breaker,
         cpu_pool=cpu_pool,
+        file_limits=FileLimits(max_bytes=settings.file_max_bytes, max_pdf_pages=settings.file_max_pdf_pages,
+                               max_files=settings.file_max_per_run),
     )

@@ -42,6 +42,7 @@ from chat.console.messenger import ConsoleMessenger, print_unbroken, renderable_
 from chat.console.render import ConsoleRenderer
 from chat.history import mode_name
 from chat.state import RunProgress, progress_of_stored_run
+from research.files import FileRef
 from research.report import ExportFormat, Report
 from storage.answer_drafts import AnswerDraftReader
 from storage.conversations import ThreadKey, aload_run, athread_view
@@ -68,9 +69,11 @@ NO_WORKER = ("No worker is running, so this run waits in the queue. Start one wi
              "terminal (`deepthread up` starts one for you).")
 EXPORT_USAGE = "Usage: /export RUN_ID [md|html|json], e.g. /export 12 html (/history lists the run ids)."
 
-CommandName = Literal["help", "history", "runs", "export", "quit", "unknown"]
+ATTACH_USAGE = "Usage: /attach PATH, e.g. /attach ~/notes/field-notes.pdf (PDF, Word, Markdown, HTML, text or CSV)."
+
+CommandName = Literal["help", "history", "runs", "export", "attach", "quit", "unknown"]
 COMMAND_WORDS: dict[str, CommandName] = {"help": "help", "?": "help", "history": "history", "runs": "runs",
-                                         "export": "export", "quit": "quit", "exit": "quit"}
+                                         "export": "export", "attach": "attach", "quit": "quit", "exit": "quit"}
 HELP_SECTIONS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ("Ask", (
         ("a question", "a quick answer"),
@@ -86,6 +89,8 @@ HELP_SECTIONS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
         ("retry", "run a failed or stopped run again"),
         ("continue", "research further from where the last report stopped"),
         ("export md|html|json", "save this session's latest report in DATA_DIR/exports"),
+        ("/attach PATH", "a file (PDF, Word, Markdown, HTML, text, CSV) this session's research reads and cites; "
+                         "say files only to search nothing else"),
         ("Ctrl-C", "cancel the running job and keep what was found (a second Ctrl-C leaves)"),
     )),
     ("Commands", (
@@ -351,15 +356,30 @@ class TerminalChat:
                 print_unbroken(self.console, Text(line))
         elif command.name == "export":
             print_unbroken(self.console, await self._export(command.arguments))
+        elif command.name == "attach":
+            await self._attach(" ".join(command.arguments))
         else:
             self.console.print(Text(f"Unknown command {command.word}. Type /help for the commands."))
 
-    async def say(self, line: str) -> None:
-        """Hand one line to the core in this session's thread, then follow the run it started."""
+    async def _attach(self, typed: str) -> None:
+        """Share the file at `typed` (a path on this machine) with this session's research."""
+        if not typed.strip():
+            self.console.print(Text(ATTACH_USAGE))
+            return
+        path = Path(typed.strip()).expanduser().resolve()
+        if not path.is_file():
+            self.console.print(Text(f"There is no file at {typed.strip()}. {ATTACH_USAGE}"))
+            return
+        await self.say("", files=[FileRef(file_id=str(path), name=path.name, size=path.stat().st_size,
+                                          shared_by=TERMINAL_USER)])
+
+    async def say(self, line: str, files: list[FileRef] | None = None) -> None:
+        """Hand one line (and the files shared with it) to the core in this session's thread, then follow the run it
+        started."""
         message_id = uuid.uuid4().hex
         event = ChatEvent(platform=TERMINAL.platform, workspace=TERMINAL.workspace, channel=TERMINAL.channel,
                           user=TERMINAL_USER, kind="direct" if self.thread is None else "message",
-                          text=as_thread_text(line), thread=self.thread, message_id=message_id)
+                          text=as_thread_text(line), thread=self.thread, message_id=message_id, files=files or [])
         outcome = await self.core.handle(event)
         for reply in outcome.replies:
             self.console.print(renderable_for(self.renderer.reply(reply.text, person=reply.person)))

@@ -14,7 +14,7 @@ from storage.vocabulary import RunOptions
 
 Mode = Literal["research", "plan", "chat"]
 MAX_QUESTION_CHARS = 2_000
-KNOWN_OPTIONS = "--since DATE, --site DOMAIN (repeatable), --deep, --quick"
+KNOWN_OPTIONS = "--since DATE, --site DOMAIN (repeatable), --deep, --quick, --files-only"
 USAGE = ("Usage: `/research <question>` for a cited report, `/plan <question>` for a plan to approve first, "
          f"`/ask <question>` for a quick answer. Options: {KNOWN_OPTIONS}.")
 HELP = (
@@ -26,6 +26,8 @@ HELP = (
     "• In a thread I answered: ask follow-ups (answered from the sources I read), say **dig deeper** for more "
     "research, or **cancel** (or react ❌) to stop a run and keep what was found.\n"
     "• In a report's thread: **export md**, **export html** or **export json** attaches the report as a file\n"
+    "• Share files (PDF, Word, Markdown, HTML, text, CSV) with a mention, in my thread or in a DM: they are read "
+    "and cited beside the web; say **files only** (or --files-only) to search nothing else\n"
     "• `/research history` — your recent runs and this channel's, shown only to you"
 )
 
@@ -40,6 +42,7 @@ _DIG_DEEPER = re.compile(r"^\s*(?:dig deeper|go deeper|research (?:more|further|
 _RETRY = re.compile(r"^\s*(?:retry|try again)\s*[.!]*\s*$", re.IGNORECASE)
 _CONTINUE = re.compile(r"^\s*(?:continue|keep going|carry on)\s*[.!]*\s*$", re.IGNORECASE)
 _HELP = re.compile(r"^\s*(?:help|\?)\s*$", re.IGNORECASE)
+_FILES_ONLY = re.compile(r"\bfiles?[ -]only\b", re.IGNORECASE)
 _HISTORY = re.compile(r"^\s*history\s*[.!?]*\s*$", re.IGNORECASE)
 _EXPORT = re.compile(r"^\s*export(?:\s+(?:as\s+)?(md|markdown|html|json))?\s*[.!]*\s*$", re.IGNORECASE)
 # What each word that _MODE_PREFIX and _EXPORT admit asks for.
@@ -106,7 +109,8 @@ def mode_prefix(text: str) -> tuple[Mode | None, str]:
 
 
 def parse_options(text: str) -> tuple[str, dict[str, Any]]:
-    """Split `--since`, `--site`, `--deep`, `--quick` out of the text; raises UsageProblem naming a bad one."""
+    """Split `--since`, `--site`, `--deep`, `--quick`, `--files-only` out of the text (the words "files only" ask
+    for the last too, and stay in the question); raises UsageProblem naming a bad one."""
     options: dict[str, Any] = {}
     sites: list[str] = []
     words = text.split()
@@ -119,6 +123,10 @@ def parse_options(text: str) -> tuple[str, dict[str, Any]]:
             index += 1
             continue
         name, inline_value = match.group(1).lower(), match.group(2)
+        if name == "files-only" and inline_value is None:
+            options["files_only"] = True
+            index += 1
+            continue
         if name in ("deep", "quick"):
             if "preset" in options and options["preset"] != name:
                 raise UsageProblem("Choose one of --deep or --quick, not both.")
@@ -146,7 +154,14 @@ def parse_options(text: str) -> tuple[str, dict[str, Any]]:
             sites.append(domain)
     if sites:
         options["sites"] = sites
+    if asks_files_only(" ".join(kept)):
+        options["files_only"] = True
     return " ".join(kept), options
+
+
+def asks_files_only(text: str) -> bool:
+    """Whether `text` asks for the shared files only (`--files-only`, or the words "files only")."""
+    return bool(_FILES_ONLY.search(text)) or "--files-only" in text.lower().split()
 
 
 def parse_request(text: str, default_mode: Mode) -> Request:

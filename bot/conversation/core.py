@@ -12,7 +12,7 @@ import asyncio
 import dataclasses
 import datetime as dt
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from bot.conversation.events import ChatEvent, Outcome, Reply
@@ -24,6 +24,7 @@ from bot.conversation.rules import (
     Cancel,
     CoreSettings,
     Export,
+    KeepFiles,
     RecordFeedback,
     Say,
     ShowHistory,
@@ -40,16 +41,19 @@ from chat.message import Content, FileUpload, MessageRef, Messenger, Place
 from chat.render import PlatformRenderer
 from chat.state import RunProgress, initial_progress
 from chat.text import shortened, single_line
+from research.files import FileRef
 from research.report import EXPORTERS, ExportFormat, Report
 from storage.conversations import (
     NewRun,
     QueueFull,
+    SharedFile,
     ThreadBusy,
     ThreadKey,
     adaily_quota_reached,
     ain_flight_run_started_by,
     alatest_question,
     aload_run,
+    aremember_files,
     arun_by_status_message,
     astore_run,
     astore_status_message,
@@ -161,12 +165,17 @@ class ConversationCore:
                 return Outcome(replies=[_private(content.text, content)])
             case Suggest():
                 return Outcome(suggestions=suggested_prompts(await self._latest_question(event)))
+            case KeepFiles(thread=thread, files=files):
+                await aremember_files(self.sessions, _key(event, thread), shared_files(files), shared_by=event.user,
+                                      visibility=event.channel_visibility)
+                return Outcome(thread=thread)
 
     async def _start(self, event: ChatEvent, start: StartRun) -> Outcome:
         """Store the run, post its status message in the thread (or open a thread with it), then submit it."""
         thread, status = start.thread, None
         if thread is None:
-            waiting = initial_progress(run_id=0, mode=start.mode, question=start.question, requested_by=event.user)
+            waiting = initial_progress(run_id=0, mode=start.mode, question=start.question, requested_by=event.user,
+                                       files_only=start.options.files_only)
             opened = await self.messenger.open_thread(
                 Place(platform=event.platform, workspace=event.workspace, channel=event.channel),
                 title=self.renderer.notice(start.title or start.question),
@@ -175,7 +184,7 @@ class ConversationCore:
         key = _key(event, thread)
         new = NewRun(key=key, mode=start.mode, question=start.question, requested_by=event.user, options=start.options,
                      plan=start.plan, message_id=event.message_id, visibility=event.channel_visibility,
-                     history=start.history)
+                     history=start.history, files=shared_files(start.files))
         try:
             run_id = await astore_run(self.sessions, new, max_waiting=self.settings.max_queued_per_user,
                                       max_waiting_in_workspace=self.settings.max_queued_per_workspace)
@@ -192,7 +201,8 @@ class ConversationCore:
                 raise
             return Outcome(replies=[busy_reply()], thread=thread)
         place = Place(platform=event.platform, workspace=event.workspace, channel=event.channel, thread=thread)
-        progress = initial_progress(run_id=run_id, mode=start.mode, question=start.question, requested_by=event.user)
+        progress = initial_progress(run_id=run_id, mode=start.mode, question=start.question, requested_by=event.user,
+                                    files_only=start.options.files_only)
         if status is None:
             status = await self.messenger.post(place, self.renderer.status(progress, now=_now()))
         await astore_status_message(self.sessions, run_id, status.model_dump(mode="json"), status.message_id)
@@ -265,3 +275,9 @@ def build_core(settings: Any, messenger: Messenger, renderer: PlatformRenderer, 
                       celery_sender(settings))
     return ConversationCore(sessions=sessions, queue=queue, messenger=messenger, renderer=renderer,
                             settings=CoreSettings.from_settings(settings))
+
+
+def shared_files(files: Sequence[FileRef]) -> tuple[SharedFile, ...]:
+    """Files shared with an event, as the conversation keeps them (the workspace is the run's, not the file's)."""
+    return tuple(SharedFile(file_id=ref.file_id, name=ref.name, size=ref.size, mimetype=ref.mimetype, url=ref.url,
+                            link=ref.link, shared_by=ref.shared_by) for ref in files)

@@ -7,6 +7,7 @@ from typing import Literal, Protocol
 from pydantic import BaseModel, Field
 
 from chat.message import Content
+from research.files import FileRef
 
 # `opened`: a person opened a new conversation with the bot (Slack's assistant pane) and has asked nothing yet.
 EventKind = Literal["command", "mention", "message", "direct", "reaction", "action", "opened"]
@@ -47,6 +48,8 @@ class ChatEvent(BaseModel):
     thread_history: list[HistoryMessage] = Field(default_factory=list)
     # Who can see the channel, when the adapter knows (None: unknown, and a new conversation is stored as private).
     channel_visibility: Visibility | None = None
+    # Files shared with the event (never the bot's own uploads): sources of the conversation's research from now on.
+    files: list[FileRef] = Field(default_factory=list)
 
 
 class Reply(BaseModel):

@@ -33,6 +33,12 @@ rules, each with a test in `tests/unit/test_conversation_rules.py`:
     no longer exists, or lives in another conversation, is refused privately.
 20. **feedback**: 👍/👎 is stored for the clicking person (a 👎 asks what was wrong); a comment is stored too.
 21. **suggestions**: a person who opens a new conversation is offered a prompt per mode and their last question.
+22. **files**: files shared with a request (a mention, a DM, a reply in our thread, Discord's file option) are kept
+    as sources of the conversation's research, and a request that shares files is research unless it says
+    otherwise (`/ask` with a file is research of the files only), as is a question in a thread that holds files
+    and no report yet, or files shared since its report, or that asks for "files only"; a message that only shares
+    files is acknowledged in the thread ("I'll use notes.pdf in this
+    thread") and starts nothing.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from bot.conversation.commands import Mode, Request, UsageProblem
 from bot.conversation.events import ChatEvent, Reply
 from bot.conversation.quotas import quota_refusal_text
 from chat.render import PERSON
+from research.files import FileRef
 from research.report import ExportFormat
 from storage.conversations import HistoryTurn, ThreadView
 from storage.models import Run
@@ -122,6 +129,15 @@ class StartRun:
     history: tuple[HistoryTurn, ...] = ()
     title: str | None = None
     names_conversation: bool = False  # the question names the conversation it opens (Slack titles the thread)
+    files: tuple[FileRef, ...] = ()  # shared with the request: kept as sources of the conversation
+
+
+@dataclass(frozen=True)
+class KeepFiles:
+    """Keep files shared without a request as sources of the conversation in `thread` (made if new), and say so."""
+
+    thread: str
+    files: tuple[FileRef, ...]
 
 
 @dataclass(frozen=True)
@@ -157,7 +173,7 @@ class Suggest:
     """Offer the person who opened a conversation a prompt per mode and their last question."""
 
 
-Action = Say | StartRun | Cancel | Export | RecordFeedback | ShowHistory | Suggest
+Action = Say | StartRun | Cancel | Export | RecordFeedback | ShowHistory | Suggest | KeepFiles
 
 
 # -- the decision ----------------------------------------------------------------------------------------------------
@@ -179,10 +195,16 @@ def decide(event: ChatEvent, view: View, settings: CoreSettings) -> list[Action]
             return _thread_reply(event, view, settings, view.thread, text)
         if event.kind == "message":
             return []  # a reply in someone else's thread, not addressed to us
-    return _general(event, view, settings, text, default_mode="chat")
+    if event.files and not text:
+        return _keep_files(event, event.thread or event.message_id or "")
+    # A quick answer cannot read files: a request that shares some is research unless it says otherwise.
+    return _general(event, view, settings, text, default_mode="research" if event.files else "chat")
 
 
 def _command(event: ChatEvent, view: View, settings: CoreSettings) -> list[Action]:
+    if event.command == "ask" and event.files:
+        # A quick question about a file is answered from the file: research that searches nothing else.
+        return _general(event, view, settings, f"{event.text} --files-only", default_mode="research")
     return _general(event, view, settings, event.text, default_mode=COMMAND_MODES[event.command or "research"])
 
 
@@ -196,10 +218,11 @@ def _general(event: ChatEvent, view: View, settings: CoreSettings, text: str, *,
         request = commands.parse_request(text, default_mode)
     except UsageProblem as problem:
         return [say(str(problem))]
+    files = tuple(event.files)
     if event.kind == "command" and event.thread is None:
         # A command in a channel opens a thread of its own, with the run's status message in place at once.
         return _start(event, view, settings, StartRun(thread=None, mode=request.mode, question=request.question,
-                                                      options=request.options,
+                                                      options=request.options, files=files,
                                                       title=f"{LABELS[request.mode]}: {request.question}"))
     thread = event.thread or event.message_id or ""
     if view.thread is not None and view.thread.active is not None:
@@ -207,8 +230,22 @@ def _general(event: ChatEvent, view: View, settings: CoreSettings, text: str, *,
     history = () if view.thread is not None else tuple(
         HistoryTurn(item.user, item.text, item.is_bot) for item in event.thread_history)
     return _start(event, view, settings, StartRun(thread=thread, mode=request.mode, question=request.question,
-                                                  options=request.options, history=history,
+                                                  options=request.options, history=history, files=files,
                                                   names_conversation=view.thread is None))
+
+
+def _keep_files(event: ChatEvent, thread: str) -> list[Action]:
+    """Files shared with no request: kept for the thread's research, and acknowledged there."""
+    return [KeepFiles(thread=thread, files=tuple(event.files)),
+            Say(Reply(text=files_kept_text([shared.name for shared in event.files])), thread=thread)]
+
+
+def files_kept_text(names: list[str]) -> str:
+    """The thread's acknowledgement of files shared without a request."""
+    listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    return (f"I'll use {listed} in this thread. Ask a question here (mention me, or reply in this thread) and "
+            f"{'it is' if len(names) == 1 else 'they are'} read and cited beside the web; say **files only** to "
+            "search nothing else.")
 
 
 def _start(event: ChatEvent, view: View, settings: CoreSettings, start: StartRun) -> list[Action]:
@@ -248,6 +285,8 @@ def workspace_queue_full_reply(waiting_runs: int, settings: CoreSettings) -> Rep
 
 def _thread_reply(event: ChatEvent, view: View, settings: CoreSettings, thread: ThreadView,
                   text: str) -> list[Action]:
+    if event.files and not text:
+        return _keep_files(event, thread.key.thread)
     if commands.is_cancel(text):
         if thread.active is None:
             return [say(NOTHING_RUNNING)]
@@ -262,6 +301,12 @@ def _thread_reply(event: ChatEvent, view: View, settings: CoreSettings, thread: 
     if thread.active is not None:
         return [Say(busy_reply())]
     try:
+        if event.files:
+            # New files with a question: research that reads them (a follow-up only re-reads the report's passages).
+            request = commands.parse_request(text, "research")
+            return _start(event, view, settings, StartRun(
+                thread=thread.key.thread, mode=request.mode, question=request.question, options=request.options,
+                files=tuple(event.files)))
         return _next_run(event, view, settings, thread, text)
     except UsageProblem as problem:
         return [say(str(problem))]
@@ -288,11 +333,23 @@ def _next_run(event: ChatEvent, view: View, settings: CoreSettings, thread: Thre
         request = commands.parse_request(deeper or report_run.question, "research")
         return _start_request(event, view, settings, where, request.model_copy(
             update={"options": report_run.options.carried().merged(request.options)}))
-    if report_run is not None and deeper is None and has_sources(report_run):
+    if report_run is not None and deeper is None and has_sources(report_run) and not _reads_files_anew(thread, text):
         request = commands.parse_request(text, "chat")
         return _start(event, view, settings, StartRun(thread=where, mode="followup", question=request.question,
                                                       options=RunOptions(answer_from_run=report_run.id)))
-    return _start_request(event, view, settings, where, commands.parse_request(text, "chat"))
+    # A thread holding shared files researches them (a quick answer would not read them).
+    return _start_request(event, view, settings, where,
+                          commands.parse_request(text, "research" if thread.shared_files else "chat"))
+
+
+def _reads_files_anew(thread: ThreadView, text: str) -> bool:
+    """Whether a question after a report is research of the thread's files rather than a follow-up from the report's
+    passages: files were shared since the report, or the question asks for the files only."""
+    report_run = thread.last_report
+    if not thread.shared_files or report_run is None:
+        return False
+    newer = thread.newest_file_at is not None and thread.newest_file_at > report_run.created_at
+    return newer or commands.asks_files_only(text)
 
 
 def _start_request(event: ChatEvent, view: View, settings: CoreSettings, thread: str, request: Request) -> list[Action]:

@@ -33,11 +33,13 @@ from bot.discord.events import (
     COMMANDS,
     Depth,
     Where,
+    attachment_ref,
     button_event,
     command_event,
     command_text,
     comment_event,
     message_event,
+    message_link,
     reaction_event,
 )
 from bot.discord.feedback import THANKS, comment_run_id, submitted_comment, what_was_wrong_modal
@@ -60,7 +62,8 @@ DESCRIPTIONS = {
 }
 OPTION_DESCRIPTIONS = {"question": "What to find out", "since": "Only sources from this date on (YYYY-MM-DD)",
                        "site": "Only this domain (several: separate them with spaces)",
-                       "depth": "deep: more rounds and sources; quick: fewer"}
+                       "depth": "deep: more rounds and sources; quick: fewer",
+                       "file": "A file to read and cite (PDF, Word, Markdown, HTML, text, CSV)"}
 # Application flags that say the privileged message-content intent is switched on in the developer portal.
 GATEWAY_MESSAGE_CONTENT = 1 << 18
 GATEWAY_MESSAGE_CONTENT_LIMITED = 1 << 19
@@ -70,8 +73,9 @@ NEEDED_PERMISSIONS = {"send_messages": "Send Messages", "create_public_threads":
                       "attach_files": "Attach Files", "read_message_history": "Read Message History"}
 NO_MENTIONS = discord.AllowedMentions.none()
 MESSAGE_CONTENT_OFF = ("The message-content intent is off for this application, so deepthread only sees thread "
-                       "replies that mention it. Turn on Message Content Intent under Bot in the Discord developer "
-                       "portal to answer every follow-up.")
+                       "replies (and the files they attach) that mention it; files reach it through the file option "
+                       "of /research and /ask. Turn on Message Content Intent under Bot in the Discord developer "
+                       "portal to answer every follow-up and read every file shared in its threads.")
 
 
 
@@ -161,10 +165,17 @@ class DiscordBot:
 
     def _command(self, name: str) -> app_commands.Command[Any, Any, None]:
         if name == "ask":
-            async def callback(interaction: discord.Interaction, question: str) -> None:
-                await self.on_command(interaction, name, question)
+            async def callback(interaction: discord.Interaction, question: str,
+                               file: discord.Attachment | None = None) -> None:
+                await self.on_command(interaction, name, question, file)
+        elif name == "research":
+            # Three signatures on purpose: discord.py reads a command's options from its callback's parameters.
+            async def callback(interaction: discord.Interaction, question: str, since: str | None = None,  # type: ignore[misc]
+                               site: str | None = None, depth: Depth | None = None,
+                               file: discord.Attachment | None = None) -> None:
+                await self.on_command(interaction, name, command_text(question, since=since, site=site, depth=depth),
+                                      file)
         else:
-            # Two signatures on purpose: discord.py reads a command's options from its callback's parameters.
             async def callback(interaction: discord.Interaction, question: str, since: str | None = None,  # type: ignore[misc]
                                site: str | None = None, depth: Depth | None = None) -> None:
                 await self.on_command(interaction, name, command_text(question, since=since, site=site, depth=depth))
@@ -197,8 +208,10 @@ class DiscordBot:
 
     # -- interactions ------------------------------------------------------------------------------
 
-    async def on_command(self, interaction: discord.Interaction, name: str, text: str) -> None:
-        """`/research`, `/plan`, `/ask`, `/history`: defer at once, check the channel, hand to the core, say the replies."""
+    async def on_command(self, interaction: discord.Interaction, name: str, text: str,
+                         file: discord.Attachment | None = None) -> None:
+        """`/research`, `/plan`, `/ask`, `/history`: defer at once, check the channel, hand to the core (with the file
+        the command attached), say the replies."""
         await interaction.response.defer(ephemeral=True, thinking=True)
         send_private = self._followup_sender(interaction)
         if interaction.guild_id is not None:
@@ -209,7 +222,10 @@ class DiscordBot:
                                    "me with the link from `deepthread discord-invite`.")
                 return
         where = where_of(interaction.channel, guild_id=interaction.guild_id, channel_id=interaction.channel_id or 0)
-        event = command_event(where, user_id=interaction.user.id, name=name, text=text, interaction_id=interaction.id)
+        files = [attachment_ref(attachment_id=file.id, filename=file.filename, size=file.size,
+                                content_type=file.content_type, url=file.url, user_id=interaction.user.id)] if file else []
+        event = command_event(where, user_id=interaction.user.id, name=name, text=text, interaction_id=interaction.id,
+                              files=files)
         outcome = await self._handle(event, send_private)
         if outcome is None:
             return
@@ -283,8 +299,12 @@ class DiscordBot:
         where = where_of(message.channel, guild_id=message.guild.id if message.guild else None,
                          channel_id=message.channel.id)
         mentions_bot = me in message.mentions
+        link = message_link(where, message.id)
+        files = [attachment_ref(attachment_id=attached.id, filename=attached.filename, size=attached.size,
+                                content_type=attached.content_type, url=attached.url, user_id=message.author.id,
+                                link=link) for attached in message.attachments]
         event = message_event(where, user_id=message.author.id, message_id=message.id, text=message.content,
-                              mentions_bot=mentions_bot, bot_user_id=me.id)
+                              mentions_bot=mentions_bot, bot_user_id=me.id, files=files)
         if event is None:
             return
         if event.kind == "mention" and where.thread is None:

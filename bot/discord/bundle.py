@@ -6,6 +6,7 @@ import httpx
 
 from bot.doctor import Check, describe_http_error
 from bot.platform import PlatformBundle
+from chat.discord.files import DiscordFileDownloader
 from chat.discord.messenger import DiscordMessenger, build_discord_http
 from chat.discord.render import DiscordRenderer
 from chat.platform import Outbound
@@ -36,7 +37,8 @@ def outbound(settings: Settings) -> Outbound:
     """The REST messenger (DISCORD_API_URL, the bot token, rate-limit waits counted in the process's metrics) and the
     renderer."""
     messenger = DiscordMessenger(http(settings), count_rate_limit_wait=record_rate_limit_wait)
-    return Outbound(messenger=messenger, renderer=renderer(settings))
+    return Outbound(messenger=messenger, renderer=renderer(settings),
+                    files=DiscordFileDownloader(hosts=settings.discord_file_hosts))
 
 
 def doctor(settings: Settings, http: httpx.Client) -> Check:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from bot.conversation.events import ChatEvent, Visibility
+from research.files import FileRef
 from chat.discord.messenger import DIRECT_MESSAGES
 from chat.discord.render import (
     CANCEL_ID,
@@ -64,12 +65,28 @@ def command_text(question: str, *, since: str | None = None, site: str | None = 
     return " ".join(words)
 
 
-def command_event(where: Where, *, user_id: int, name: str, text: str, interaction_id: int) -> ChatEvent:
-    """The ChatEvent of `/research`, `/plan` or `/ask`; any other command (`/history`) goes as `/research` with its text."""
+def attachment_ref(*, attachment_id: int, filename: str, size: int | None, content_type: str | None, url: str,
+                   user_id: int, link: str | None = None) -> FileRef:
+    """A Discord attachment as a file shared with the event: downloaded from its CDN URL, linked back to by the
+    message that carries it (`link`; a command's option has no message, so its CDN URL)."""
+    return FileRef(file_id=str(attachment_id), name=filename, size=size, mimetype=content_type, url=url,
+                   link=link or url, shared_by=qualified_user(user_id))
+
+
+def message_link(where: Where, message_id: int) -> str:
+    """The jump link of a message: `https://discord.com/channels/<guild or @me>/<channel>/<message>`."""
+    guild = "@me" if where.workspace == DIRECT_MESSAGES else where.workspace
+    return f"https://discord.com/channels/{guild}/{where.thread or where.channel}/{message_id}"
+
+
+def command_event(where: Where, *, user_id: int, name: str, text: str, interaction_id: int,
+                  files: list[FileRef] | None = None) -> ChatEvent:
+    """The ChatEvent of `/research`, `/plan` or `/ask` (with the file its `file` option attached); any other command
+    (`/history`) goes as `/research` with its text."""
     command = name if name in COMMANDS else "research"
     return ChatEvent(platform=PLATFORM, workspace=where.workspace, channel=where.channel, thread=where.thread,
                      user=qualified_user(user_id), kind="command", command=command, text=text,
-                     event_id=str(interaction_id), channel_visibility=where.visibility)
+                     event_id=str(interaction_id), channel_visibility=where.visibility, files=files or [])
 
 
 def without_bot_mention(text: str, bot_user_id: int | None) -> str:
@@ -81,11 +98,12 @@ def without_bot_mention(text: str, bot_user_id: int | None) -> str:
 
 
 def message_event(where: Where, *, user_id: int, message_id: int, text: str, mentions_bot: bool,
-                  bot_user_id: int | None) -> ChatEvent | None:
-    """A direct message, a reply in a thread, or a mention; None for a channel message not addressed to the bot
-    (or one whose text Discord withheld: no message-content intent and no mention)."""
+                  bot_user_id: int | None, files: list[FileRef] | None = None) -> ChatEvent | None:
+    """A direct message, a reply in a thread, or a mention, with the files it attaches; None for a channel message
+    not addressed to the bot (or one whose text and attachments Discord withheld: no message-content intent and no
+    mention)."""
     words = without_bot_mention(text, bot_user_id)
-    if not words:
+    if not words and not files:
         return None
     if where.workspace == DIRECT_MESSAGES:
         kind: Literal["direct", "message", "mention"] = "direct"
@@ -97,7 +115,7 @@ def message_event(where: Where, *, user_id: int, message_id: int, text: str, men
         return None
     return ChatEvent(platform=PLATFORM, workspace=where.workspace, channel=where.channel, thread=where.thread,
                      user=qualified_user(user_id), kind=kind, text=words, message_id=str(message_id),
-                     event_id=str(message_id), channel_visibility=where.visibility)
+                     event_id=str(message_id), channel_visibility=where.visibility, files=files or [])
 
 
 def reaction_event(where: Where, *, user_id: int, message_id: int, emoji: str) -> ChatEvent:

@@ -34,6 +34,7 @@ from bot.slack.dedupe import EventDeduper, MemoryReplayGuard, ReplayGuard, reque
 from bot.slack.feedback import COMMENT_CALLBACK_ID, CommentContext, ask_what_was_wrong, comment_event, feedback_event
 from chat.slack.feedback import FEEDBACK_ACTION_ID
 from config import Settings
+from research.files import FileRef
 
 if TYPE_CHECKING:
     from bot.slack.oauth import OAuthInstalls
@@ -94,13 +95,33 @@ def command_event(command: dict[str, Any]) -> ChatEvent | None:
                      text=str(command.get("text") or "").strip(), channel_visibility="private" if private else None)
 
 
+def shared_files(event: dict[str, Any], bot_user_id: str | None) -> list[FileRef]:
+    """The files a message shares, as the core takes them: never the bot's own uploads (exported reports), nor a
+    file Slack shows only as deleted. Whether each may be read (a Slack Connect or external file may not) is
+    asked of `files.info` when a run downloads it."""
+    refs = []
+    for shared in event.get("files") or []:
+        if not isinstance(shared, dict) or not shared.get("id") or shared.get("mode") == "tombstone":
+            continue
+        owner = shared.get("user") or event.get("user")
+        if bot_user_id and owner == bot_user_id:
+            continue
+        size = shared.get("size")
+        refs.append(FileRef(file_id=str(shared["id"]), name=str(shared.get("name") or shared.get("title") or shared["id"]),
+                            size=size if isinstance(size, int) else None, mimetype=shared.get("mimetype"),
+                            url=str(shared.get("url_private_download") or ""), link=shared.get("permalink"),
+                            shared_by=qualified_user(str(owner)) if owner else None))
+    return refs
+
+
 def mention_event(body: dict[str, Any], bot_user_id: str | None) -> ChatEvent:
     """The ChatEvent of an `app_mention` event callback, the bot's mention taken out of the text."""
     event = body["event"]
     return ChatEvent(platform=PLATFORM, workspace=_event_workspace(body), channel=str(event.get("channel", "")),
                      user=qualified_user(str(event.get("user", ""))), kind="mention",
                      text=without_bot_mention(str(event.get("text") or ""), bot_user_id),
-                     thread=event.get("thread_ts"), message_id=event.get("ts"), event_id=body.get("event_id"))
+                     thread=event.get("thread_ts"), message_id=event.get("ts"), event_id=body.get("event_id"),
+                     files=shared_files(event, bot_user_id))
 
 
 def message_event(body: dict[str, Any], bot_user_id: str | None) -> ChatEvent | None:
@@ -124,7 +145,8 @@ def message_event(body: dict[str, Any], bot_user_id: str | None) -> ChatEvent | 
     return ChatEvent(platform=PLATFORM, workspace=_event_workspace(body), channel=str(event.get("channel", "")),
                      user=qualified_user(str(event["user"])), kind=kind, text=without_bot_mention(text, bot_user_id),
                      thread=thread_ts, message_id=ts, event_id=body.get("event_id"),
-                     channel_visibility="private" if channel_type in PRIVATE_CHANNEL_TYPES else "public")
+                     channel_visibility="private" if channel_type in PRIVATE_CHANNEL_TYPES else "public",
+                     files=shared_files(event, bot_user_id))
 
 
 def assistant_opened_event(body: dict[str, Any]) -> ChatEvent | None:

@@ -10,6 +10,7 @@ import httpx
 from bot.doctor import Check, describe_http_error
 from bot.platform import PlatformBundle
 from chat.platform import Outbound
+from chat.slack.files import SlackFileDownloader
 from chat.slack.messenger import SlackMessenger, build_slack_client
 from chat.slack.render import SlackRenderer
 from config import Settings, SettingsError
@@ -71,11 +72,15 @@ def outbound(settings: Settings) -> Outbound:
 
         store = installation_store(settings, make_engine(settings.database_url))
         workspaces = InstalledWorkspaceClients(store, lambda token: web_client(settings, token))
+        # The files' clients are their own: runs download on the runs' loop, the messenger speaks from the delivery's.
+        file_workspaces = InstalledWorkspaceClients(store, lambda token: web_client(settings, token))
         return Outbound(messenger=SlackMessenger(workspaces=workspaces, progress_mode=settings.slack_progress),
-                        renderer=renderer(settings))
+                        renderer=renderer(settings),
+                        files=SlackFileDownloader(workspaces=file_workspaces, hosts=settings.slack_file_hosts))
     token = settings.secret("slack_bot_token") or ""
     return Outbound(messenger=SlackMessenger(web_client(settings, token),
-                                             progress_mode=settings.slack_progress), renderer=renderer(settings))
+                                             progress_mode=settings.slack_progress), renderer=renderer(settings),
+                    files=SlackFileDownloader(web_client(settings, token), hosts=settings.slack_file_hosts))
 
 
 def installation_store(settings: Settings, engine: Engine) -> DatabaseInstallationStore:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from concurrent.futures import Executor
 from typing import NamedTuple
 
@@ -22,6 +22,9 @@ from research.rank import rank_passages_for_queries, select_passages
 from research.untrusted import defuse_injections
 
 logger = logging.getLogger(__name__)
+
+# The ranking of the shared files' passages, taken before the sub-questions' (research.rank.select_passages).
+SHARED_FILES = "shared files"
 
 
 async def extract_page(source_id: str, page: FetchResult, *, cpu_pool: Executor | None) -> Document | None:
@@ -114,8 +117,10 @@ def snippet_passages(sources: list[SearchResult]) -> list[Passage]:
     return assign_passage_ids(documents)
 
 
-def select_for_synthesis(plan: Decomposition | None, passages: list[Passage], options: ResearchOptions) -> list[Passage]:
-    """The best passages per sub-question within the token budget, several sources kept."""
+def select_for_synthesis(plan: Decomposition | None, passages: list[Passage], options: ResearchOptions, *,
+                         shared: Collection[str] = ()) -> list[Passage]:
+    """The best passages per sub-question within the token budget, several sources kept; the best passage of each
+    `shared` source (a file the asker shared, which they expect read) first, however the web's rank."""
     if not passages:
         return []
     questions = [sub.question + " " + " ".join(sub.queries) for sub in plan.sub_questions] if plan else [""]
@@ -123,4 +128,10 @@ def select_for_synthesis(plan: Decomposition | None, passages: list[Passage], op
     if not any(ranked.values()):
         # Nothing shares a term with the questions (another language, say): keep document order.
         ranked = {"all": [(passage, 0.0) for passage in passages]}
-    return select_passages(ranked, options.passage_token_budget)
+    files = [passage for passage in passages if passage.source_id in shared]
+    if not files:
+        return select_passages(ranked, options.passage_token_budget)
+    files_ranked = rank_passages_for_queries([" ".join(questions)], files, options.passages_per_question)
+    best_of_files = next(iter(files_ranked.values()), []) or [(passage, 0.0) for passage in files]
+    return select_passages({SHARED_FILES: best_of_files, **ranked}, options.passage_token_budget,
+                           first_sources=list(dict.fromkeys(passage.source_id for passage, _ in best_of_files)))

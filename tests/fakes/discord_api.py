@@ -17,6 +17,10 @@ every REST call is recorded, and the test drives users, commands, buttons and re
     discord_fake.calls("PATCH", path_contains="/messages/")  # DiscordCall list: method, path, json, status, time
     discord_fake.modal(click_id)                           # the modal the bot answered a click with, if any
     discord_fake.submit_modal(alice, click_id, {"comment": "…"})  # the person fills it in and submits it
+    discord_fake.add_attachment("notes.pdf", data)          # an attachment on the CDN (configure `cdn_url` as
+    discord_fake.cdn_requests.all()                        # DISCORD_FILE_HOSTS); every request the CDN got
+    discord_fake.send_command(alice, channel, "research", {"question": "…", "file": attachment})  # ATTACHMENT option
+    discord_fake.user_message(alice, thread, "", attachments=[attachment])  # a message that attaches it
 
 From async tests use `await discord_fake.wait_for_async(...)`: `wait_for` blocks the calling thread.
 
@@ -41,6 +45,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 from starlette.applications import Starlette
@@ -80,6 +85,7 @@ CALLBACKS_ALLOWED = {INTERACTION_APPLICATION_COMMAND: {4, 5, 9}, INTERACTION_MES
 FLAG_EPHEMERAL, FLAG_LOADING = 1 << 6, 1 << 7
 APP_FLAG_PRESENCE, APP_FLAG_GUILD_MEMBERS, APP_FLAG_MESSAGE_CONTENT = 1 << 12, 1 << 14, 1 << 18
 OPTION_TYPES = {bool: 5, int: 4, float: 10, str: 3}
+OPTION_ATTACHMENT = 11
 
 CONTENT_LIMIT, EMBEDS_LIMIT, EMBED_TOTAL_LIMIT, EMBED_FIELDS_LIMIT, COMPONENT_ROWS_LIMIT = 2000, 10, 6000, 25, 5
 EMBED_TEXT_LIMITS = {("title",): 256, ("description",): 4096, ("author", "name"): 256, ("footer", "text"): 2048}
@@ -229,6 +235,7 @@ class DiscordAttachment:
     data: bytes
     content_type: str | None = None
     description: str | None = None
+    url: str | None = None  # the signed CDN URL `add_attachment` gave it; built from the message's channel when None
 
 
 @dataclass
@@ -622,6 +629,9 @@ class FakeDiscord(LoopbackFake):
         self.nonce_window = nonce_window
         self.rate_limit = rate_limit
         self.requests = RequestLog()
+        # The CDN: attachments added apart from any message (`add_attachment`), and every request it got.
+        self.cdn_requests = RequestLog()
+        self._loose_attachments: dict[tuple[str, str], DiscordAttachment] = {}
         self.changed = threading.Condition(threading.RLock())
         self._lock = self.changed
         self._guilds: dict[int, FakeGuild] = {guild.id: guild for guild in guilds or [FakeGuild(_snowflake())]}
@@ -671,6 +681,11 @@ class FakeDiscord(LoopbackFake):
     def api_url(self) -> str:
         """The REST base to configure as DISCORD_API_URL (and discord.py's `Route.BASE`)."""
         return f"{self.url}{API_PREFIX}"
+
+    @property
+    def cdn_url(self) -> str:
+        """The origin attachments are served from (Discord's cdn.discordapp.com), to configure as DISCORD_FILE_HOSTS."""
+        return self.url
 
     @property
     def gateway_url(self) -> str:
@@ -781,8 +796,14 @@ class FakeDiscord(LoopbackFake):
             if scope is not None:
                 data["guild_id"] = str(scope)
             users = {str(value.id): value.as_api() for value in (options or {}).values() if isinstance(value, FakeUser)}
+            attachments = {value["id"]: copy.deepcopy(value) for value in (options or {}).values() if _is_attachment(value)}
+            resolved: dict[str, Any] = {}
             if users:
-                data["resolved"] = {"users": users}
+                resolved["users"] = users
+            if attachments:
+                resolved["attachments"] = attachments
+            if resolved:
+                data["resolved"] = resolved
             interaction = self._dispatch_interaction(INTERACTION_APPLICATION_COMMAND, user, channel, guild_id, data,
                                                      app_permissions=app_permissions, locale=locale)
             return interaction.id
@@ -831,9 +852,11 @@ class FakeDiscord(LoopbackFake):
             return interaction.id
 
     def user_message(self, user: FakeUser, channel_id: int, content: str, *, mentions: list[FakeUser] | None = None,
-                     embeds: list[dict[str, Any]] | None = None, reply_to: int | None = None) -> int:
+                     embeds: list[dict[str, Any]] | None = None, reply_to: int | None = None,
+                     attachments: list[dict[str, Any]] | None = None) -> int:
         """Store a message from `user` and dispatch MESSAGE_CREATE; returns its id. As on Discord, a session that
-        did not ask for MESSAGE_CONTENT gets empty content, unless the bot is mentioned or it is a DM."""
+        did not ask for MESSAGE_CONTENT gets empty content (and no attachments), unless the bot is mentioned or it is
+        a DM. `attachments` are objects `add_attachment` returned: the message carries those files."""
         with self._lock:
             channel = self._channel(int(channel_id))
             self._users[user.id] = user
@@ -843,7 +866,8 @@ class FakeDiscord(LoopbackFake):
             mentioned.update({found.id: found for found in self._users_in(content)})
             message = DiscordMessage(id=_snowflake(), channel_id=channel.id, guild_id=channel.guild_id, author=user,
                                      content=content, posted_at=self.clock(), embeds=list(embeds or []),
-                                     mentions=list(mentioned.values()))
+                                     mentions=list(mentioned.values()),
+                                     attachments=[self._loose_attachment(attached) for attached in attachments or []])
             if reply_to is not None:
                 replied = self._message(channel.id, int(reply_to))
                 message.type, message.message_reference = MESSAGE_REPLY, self._reference(replied)
@@ -851,6 +875,25 @@ class FakeDiscord(LoopbackFake):
                     message.mentions.append(replied.author)
             self._store(channel, message)
             return message.id
+
+    def add_attachment(self, name: str, data: bytes, *, content_type: str | None = None, channel_id: int | None = None,
+                       description: str | None = None) -> dict[str, Any]:
+        """A file on the CDN as if a person had attached it in `channel_id` (the fake's channel by default); returns
+        its attachment object, with a signed CDN URL as Discord gives it in an interaction or a message."""
+        attachment = DiscordAttachment(_snowflake(), name, data, content_type, description)
+        channel = int(channel_id or self.channel_id)
+        expires = int(time.time()) + 86_400
+        signature = hashlib.sha256(f"{attachment.id}:{expires}".encode()).hexdigest()
+        url = (f"{self.cdn_url}/attachments/{channel}/{attachment.id}/{quote(name)}"
+               f"?ex={expires:x}&is={expires - 86_400:x}&hm={signature}&")
+        attachment.url = url
+        with self._lock:
+            self._loose_attachments[(str(channel), str(attachment.id))] = attachment
+        answer: dict[str, Any] = {"id": str(attachment.id), "filename": name, "size": len(data), "url": url,
+                                  "proxy_url": url, "content_type": content_type, "flags": 0}
+        if description:
+            answer["description"] = description
+        return answer
 
     def add_reaction(self, user: FakeUser, channel_id: int, message_id: int, emoji: str) -> None:
         """`user` reacts to a message with a unicode emoji; dispatches MESSAGE_REACTION_ADD."""
@@ -1116,7 +1159,13 @@ class FakeDiscord(LoopbackFake):
         return None
 
     async def _attachment(self, request: Request) -> Response:
+        self.cdn_requests.add(RecordedRequest(method=request.method, host=request.headers.get("host", ""),
+                                              path=request.url.path, query=dict(request.query_params),
+                                              headers=dict(request.headers), body=await request.body()))
         with self._lock:
+            loose = self._loose_attachments.get((request.path_params["channel_id"], request.path_params["attachment_id"]))
+            if loose is not None:
+                return Response(loose.data, media_type=loose.content_type or "application/octet-stream")
             for message in self._messages.get(int(request.path_params["channel_id"]), []):
                 for attachment in message.attachments:
                     if str(attachment.id) == request.path_params["attachment_id"]:
@@ -1124,6 +1173,13 @@ class FakeDiscord(LoopbackFake):
         return Response(status_code=404)
 
     # --- lookups (under the lock) ----------------------------------------------------------------
+
+    def _loose_attachment(self, attached: dict[str, Any]) -> DiscordAttachment:
+        """The attachment `add_attachment` made and returned as `attached`."""
+        for (_, attachment_id), attachment in self._loose_attachments.items():
+            if attachment_id == str(attached["id"]):
+                return attachment
+        raise AssertionError(f"no attachment {attached['id']}: make it with add_attachment")
 
     def _channel(self, channel_id: int) -> FakeChannel:
         channel = self._channels.get(channel_id)
@@ -1168,6 +1224,8 @@ class FakeDiscord(LoopbackFake):
     def _option(name: str, value: Any, declared_type: int | None) -> dict[str, Any]:
         if isinstance(value, FakeUser):
             return {"name": name, "type": 6, "value": str(value.id)}
+        if _is_attachment(value):
+            return {"name": name, "type": OPTION_ATTACHMENT, "value": str(value["id"])}
         return {"name": name, "type": declared_type or OPTION_TYPES.get(type(value), 3), "value": value}
 
     # --- JSON shapes -----------------------------------------------------------------------------
@@ -1261,7 +1319,7 @@ class FakeDiscord(LoopbackFake):
         return data
 
     def _attachment_json(self, message: DiscordMessage, attachment: DiscordAttachment) -> dict[str, Any]:
-        url = f"{self.url}/attachments/{message.channel_id}/{attachment.id}/{attachment.filename}"
+        url = attachment.url or f"{self.url}/attachments/{message.channel_id}/{attachment.id}/{attachment.filename}"
         data = {"id": str(attachment.id), "filename": attachment.filename, "size": len(attachment.data), "url": url,
                 "proxy_url": url, "content_type": attachment.content_type, "flags": 0}
         if attachment.description:
@@ -1732,6 +1790,11 @@ class FakeDiscord(LoopbackFake):
         _, channel, message = self._webhook_message(request)
         self._delete(channel, message)
         return 204, None
+
+
+def _is_attachment(value: Any) -> bool:
+    """Whether a command option's value is an attachment object (as `add_attachment` returns)."""
+    return isinstance(value, dict) and {"id", "filename", "url"} <= set(value)
 
 
 def _as_id(value: Any) -> int:

@@ -15,6 +15,13 @@ call. Because it is a real loopback server, Celery workers in other processes ca
     slack.installing("T0SECOND", "Second Workspace")       # who approves the next OAuth install (oauth.v2.access)
     slack.stream("C1", ts)                                # SlackStream: what chat.*Stream did to a message
     slack.expire_streams()                                # as Slack does after a pause: appends and stops now fail
+    slack.add_file("notes.pdf", data, channel="C1")        # a file a person shared: files.info and the file host
+    slack.redirect_downloads("http://elsewhere/x")         # the file host answers the next download with a redirect
+    slack.file_requests.all()                             # every request the file host got, with its headers
+
+Shared files are served as Slack serves them: `files.info` describes them (the file object, or `file_not_found`,
+`file_deleted`), and the file host (configure `file_host` as SLACK_FILE_HOSTS) serves `url_private` and
+`url_private_download` only to a request bearing a bot token, sending any other to the workspace's sign-in page.
 """
 
 from __future__ import annotations
@@ -24,13 +31,14 @@ import base64
 import dataclasses
 import itertools
 import json
+import mimetypes
 import sys
 import threading
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl, quote, urlencode
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -62,6 +70,8 @@ FIRST_TS_SECONDS = 1_700_000_000
 # Slack ends a streamed message left this long without an append (`message_not_in_streaming_state` afterwards).
 STREAM_IDLE_SECONDS = 300.0
 STREAM_TEXT_LIMIT = 12_000
+# Where Slack's file host sends a download without a valid token: the workspace's sign-in page (not a file host).
+SIGN_IN_URL = "https://fake-workspace.slack.com/"
 
 
 @dataclass
@@ -134,6 +144,25 @@ class SlackFile:
     def as_api(self) -> dict[str, Any]:
         return {"id": self.id, "name": self.filename, "title": self.title or self.filename, "size": len(self.data or b""),
                 "mimetype": "text/plain", "filetype": self.filename.rsplit(".", 1)[-1] if "." in self.filename else "text"}
+
+
+@dataclass
+class SharedFile:
+    """A file a person shared in a channel (`add_file`): what files.info describes and the file host serves."""
+
+    id: str
+    name: str
+    data: bytes
+    channel: str
+    user: str
+    user_team: str  # the uploader's workspace: another one's for a file from a Slack Connect channel
+    mimetype: str
+    title: str
+    created: int
+    external_type: str | None = None  # "gdrive", "dropbox", …: a link to a file stored outside Slack
+    file_access: str = "visible"  # "check_file_info" in Slack Connect event payloads
+    download_url: str | None = None  # in place of the file host's url_private_download (an answer pointing elsewhere)
+    deleted: bool = False
 
 
 @dataclass
@@ -288,6 +317,10 @@ class FakeSlack(LoopbackFake):
         self._ephemeral: list[dict[str, Any]] = []
         self._joined: set[str] = set()
         self._files: dict[str, SlackFile] = {}
+        # Files people shared (`add_file`); every request to the file host; downloads to answer with a redirect.
+        self._shared_files: dict[str, SharedFile] = {}
+        self.file_requests = RequestLog()
+        self._download_redirects: list[list[Any]] = []
         self._scripts: dict[str, list[ScriptedFailure]] = {}
         self._outages: list[tuple[str, ScriptedFailure]] = []
         self._holds: list[HeldCall] = []
@@ -317,6 +350,7 @@ class FakeSlack(LoopbackFake):
             "users.info": self._user_info,
             "files.getUploadURLExternal": self._upload_url,
             "files.completeUploadExternal": self._complete_upload,
+            "files.info": self._files_info,
             "reactions.add": self._add_reaction,
             "views.open": self.views.open,
             "chat.startStream": self._start_stream,
@@ -329,6 +363,8 @@ class FakeSlack(LoopbackFake):
             Route("/api/{method}", self._api, methods=["GET", "POST"]),
             Route("/oauth/v2/authorize", self._authorize, methods=["GET"]),
             Route("/upload/v1/{file_id}", self._upload, methods=["POST"]),
+            Route("/files-pri/{team_file}/download/{filename}", self._file_host, methods=["GET"]),
+            Route("/files-pri/{team_file}/{filename}", self._file_host, methods=["GET"]),
         ])
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -343,6 +379,11 @@ class FakeSlack(LoopbackFake):
     def authorize_url(self) -> str:
         """The OAuth approval page to configure as SLACK_AUTHORIZE_URL."""
         return f"{self.url}/oauth/v2/authorize"
+
+    @property
+    def file_host(self) -> str:
+        """The file host's origin (Slack's files.slack.com) to configure as SLACK_FILE_HOSTS."""
+        return self.url
 
     # --- OAuth installs --------------------------------------------------------------------------
 
@@ -414,6 +455,43 @@ class FakeSlack(LoopbackFake):
             self._holds.remove(held)
         held.arrived.set()
         await asyncio.to_thread(held.release.wait, held.max_hold_seconds)
+
+    def add_file(self, name: str, data: bytes, *, channel: str, user: str = "U0SOMEONE", mimetype: str | None = None,
+                 title: str | None = None, external: bool = False, external_type: str = "gdrive",
+                 user_team: str | None = None, file_access: str = "visible",
+                 download_url: str | None = None) -> dict[str, Any]:
+        """A file `user` shared in `channel`; returns its file object as files.info describes it. `external`: a link
+        to a file stored outside Slack (`external_type`); `user_team`: the uploader's workspace (another one's for a
+        Slack Connect file); `download_url`: the url_private_download files.info gives, in place of the file host's."""
+        with self._lock:
+            file = SharedFile(id=f"F{next(self._file_counter):08d}", name=name, data=data, channel=channel, user=user,
+                              user_team=user_team or self.team_id,
+                              mimetype=mimetype or mimetypes.guess_type(name)[0] or "application/octet-stream",
+                              title=title or name, created=FIRST_TS_SECONDS + next(self._ts_counter),
+                              external_type=external_type if external else None, file_access=file_access,
+                              download_url=download_url)
+            self._shared_files[file.id] = file
+            return self._shared_file_json(file)
+
+    def delete_file(self, file_id: str) -> None:
+        """Delete a shared file: files.info answers `file_deleted`, the file host 404."""
+        with self._lock:
+            self._shared_files[file_id].deleted = True
+
+    def redirect_downloads(self, location: str, *, times: int = 1) -> None:
+        """Answer the next `times` requests to the file host with a 302 to `location`, whatever their token."""
+        with self._lock:
+            self._download_redirects.append([location, times])
+
+    def person_posts(self, channel: str, text: str, *, user: str, ts: str | None = None,
+                     thread_ts: str | None = None) -> str:
+        """A message a person posted (the one an event about it names), so that the bot can answer in its thread;
+        returns its ts."""
+        with self._lock:
+            message = SlackMessage(channel=channel, ts=ts or self._next_ts(), text=text, blocks=None,
+                                   thread_ts=thread_ts, user=user, bot_id=None, params={}, posted_at=time.monotonic())
+            self._channels.setdefault(channel, []).append(message)
+            return message.ts
 
     def add_user(self, user_id: str, name: str, **fields: Any) -> None:
         """A user that `users.info` knows by this name (others get a made-up profile)."""
@@ -541,6 +619,31 @@ class FakeSlack(LoopbackFake):
             answer = self._auth_test_of(str(token)) if method == "auth.test" else handler(params)
         self._record(method, params, 200, None if answer.get("ok") else answer.get("error"), token)
         return JSONResponse(answer)
+
+    async def _file_host(self, request: Request) -> Response:
+        """Slack's file host: a shared file's bytes to a request bearing a working bot token (Authorization: Bearer),
+        a redirect to the sign-in page to any other, 404 for a file it does not have."""
+        recorded = RecordedRequest(method=request.method, host=request.headers.get("host", ""), path=request.url.path,
+                                   query=dict(request.query_params), headers=dict(request.headers),
+                                   body=await request.body())
+        self.requests.add(recorded)
+        self.file_requests.add(recorded)
+        with self._lock:
+            redirect = self._download_redirects[0] if self._download_redirects else None
+            if redirect is not None:
+                redirect[1] -= 1
+                if redirect[1] <= 0:
+                    self._download_redirects.pop(0)
+                return Response(status_code=302, headers={"Location": str(redirect[0])})
+            token = self._presented_token(request, {})
+            if not token or token not in self._workspace_of_token:
+                return Response(status_code=302, headers={"Location": f"{SIGN_IN_URL}?{urlencode({'redir': request.url.path})}"})
+            team, _, file_id = request.path_params["team_file"].partition("-")
+            file = self._shared_files.get(file_id)
+            if file is None or file.deleted or file.external_type or file.user_team != team:
+                return PlainTextResponse("File not found", status_code=404)
+            return Response(file.data, media_type=file.mimetype,
+                            headers={"Content-Disposition": f"attachment; filename*=UTF-8''{quote(file.name)}"})
 
     async def _upload(self, request: Request) -> Response:
         file_id = request.path_params["file_id"]
@@ -781,6 +884,48 @@ class FakeSlack(LoopbackFake):
             for answer in answer_files:
                 answer["shares"] = {"public": {channel: [share]}}
         return {"ok": True, "files": answer_files}
+
+    def _shared_file_json(self, file: SharedFile) -> dict[str, Any]:
+        """A shared file as Slack's file object (files.info's `file`)."""
+        extension = file.name.rsplit(".", 1)[-1].lower() if "." in file.name else "binary"
+        private = file.channel in self.private_channels or file.channel.startswith("G")
+        where = {"ims": [file.channel]} if file.channel.startswith("D") else \
+            {"groups": [file.channel]} if private else {"channels": [file.channel]}
+        share_kind = "public" if "channels" in where else "private"
+        described: dict[str, Any] = {
+            "id": file.id, "created": file.created, "timestamp": file.created, "name": file.name, "title": file.title,
+            "mimetype": file.mimetype, "filetype": extension, "pretty_type": extension.upper(), "user": file.user,
+            "user_team": file.user_team, "editable": False, "size": len(file.data), "mode": "hosted",
+            "is_external": False, "external_type": "", "is_public": share_kind == "public", "public_url_shared": False,
+            "display_as_bot": False, "username": "",
+            "url_private": f"{self.url}/files-pri/{file.user_team}-{file.id}/{quote(file.name)}",
+            "url_private_download": file.download_url or f"{self.url}/files-pri/{file.user_team}-{file.id}/download/{quote(file.name)}",
+            "permalink": f"https://fake-workspace.slack.com/files/{file.user}/{file.id}/{quote(file.name)}",
+            "permalink_public": f"https://slack-files.com/{file.user_team}-{file.id}-{file.id.lower()[-6:]}",
+            "comments_count": 0, "is_starred": False,
+            "shares": {share_kind: {file.channel: [{"ts": f"{file.created}.000000", "reply_users": [],
+                                                    "reply_count": 0, "channel_name": f"channel-{file.channel.lower()}",
+                                                    "team_id": self.team_id}]}},
+            "channels": [], "groups": [], "ims": [], **where, "has_more_shares": False, "has_rich_preview": False,
+            "file_access": file.file_access,
+        }
+        if file.external_type:
+            external_url = f"https://docs.google.com/document/d/{file.id}/edit"
+            described.update(mode="external", is_external=True, external_type=file.external_type, size=0,
+                             url_private=external_url, external_url=external_url, external_id=file.id)
+            del described["url_private_download"]
+        return described
+
+    def _files_info(self, params: dict[str, Any]) -> dict[str, Any]:
+        file = self._shared_files.get(str(params.get("file", "")))
+        if file is None:
+            return {"ok": False, "error": "file_not_found"}
+        if file.deleted:
+            return {"ok": False, "error": "file_deleted"}
+        if self.require_join and not file.channel.startswith("D") and file.channel not in self._joined:
+            return {"ok": False, "error": "file_not_found"}  # a bot sees the files of the channels it is in
+        return {"ok": True, "file": self._shared_file_json(file), "comments": [],
+                "response_metadata": {"next_cursor": ""}}
 
     def _add_reaction(self, params: dict[str, Any]) -> dict[str, Any]:
         message = self._find(str(params.get("channel", "")), str(params.get("timestamp", "")))

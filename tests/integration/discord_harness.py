@@ -18,6 +18,7 @@ from bot.discord.app import DiscordBot, discover
 from bot.discord.bundle import BUNDLE as DISCORD
 from bot.discord.bundle import http as discord_http
 from config import Settings
+from tests.fakes.discord_api import FakeDiscord
 
 # Nothing listens here: discord.py reaches the fake only if the bot points it there from DISCORD_API_URL.
 NOWHERE = "http://127.0.0.1:9"
@@ -32,6 +33,13 @@ def discord_urls_nowhere() -> Iterator[None]:
         yield
     finally:
         discord.http.Route.BASE, discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = saved
+
+
+def cluster_settings(fake: FakeDiscord) -> dict[str, str]:
+    """The settings a `Cluster` (the bot and its workers) needs to speak to `fake`: its token, REST base and guild, and
+    its CDN as the only origin shared attachments are downloaded from (DISCORD_FILE_HOSTS)."""
+    return {"discord_bot_token": fake.token, "discord_api_url": fake.api_url, "discord_guild_ids": str(fake.guild_id),
+            "discord_file_hosts": fake.cdn_url}
 
 
 def discord_core(settings: Settings) -> ConversationCore:

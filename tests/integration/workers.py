@@ -39,7 +39,8 @@ class Cluster:
     def __init__(self, *, database_url: str, redis_url: str, corpus: Corpus, workdir: Path, slack: FakeSlack | None = None,
                  **settings: str) -> None:
         slack_settings = {"SLACK_BOT_TOKEN": slack.token, "SLACK_API_URL": slack.api_url,
-                          "SLACK_SIGNING_SECRET": "test-secret"} if slack is not None else {}
+                          "SLACK_SIGNING_SECRET": "test-secret", "SLACK_FILE_HOSTS": slack.file_host,
+                          } if slack is not None else {}
         self.environment = {
             **os.environ, **corpus.environment(),
             "DATABASE_URL": database_url, "REDIS_URL": redis_url, **slack_settings,

@@ -4,6 +4,7 @@ over views built in memory — no database, no queue, no platform."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import datetime as dt
 import itertools
 import re
@@ -14,6 +15,7 @@ import pytest
 
 from bot.conversation import rules
 from bot.conversation.commands import HELP, MAX_QUESTION_CHARS
+from research.files import FileRef
 from bot.conversation.events import ChatEvent, HistoryMessage
 from bot.conversation.rules import (
     Cancel,
@@ -277,6 +279,55 @@ def test_20_feedback_is_stored_and_a_click_with_no_verdict_is_refused() -> None:
 # 21. suggestions
 def test_21_an_opened_conversation_is_offered_suggestions() -> None:
     assert decide(event(kind="opened", thread=THREAD), view(), SETTINGS) == [Suggest()]
+
+
+# 22. files
+PDF = FileRef(file_id="F1", name="field-notes.pdf", size=1000, link="https://example.slack.com/files/U1/F1")
+
+
+def test_22_a_message_that_only_shares_files_keeps_them_says_so_in_the_thread_and_starts_nothing() -> None:
+    for shared in (reply_in_thread("", files=[PDF]), event(kind="mention", text="", message_id="7.7", files=[PDF]),
+                   event(kind="direct", text=" ", thread=None, message_id="8.8", files=[PDF])):
+        actions = decide(shared, view(thread=thread(run()) if shared.thread else None), SETTINGS)
+        assert not any(isinstance(action, StartRun) for action in actions)
+        kept, said = actions
+        assert isinstance(kept, rules.KeepFiles) and kept.files == (PDF,)
+        assert kept.thread == (shared.thread or shared.message_id)
+        assert isinstance(said, Say) and not said.reply.private and "I'll use field-notes.pdf in this thread" in said.reply.text
+    # A file shared in a thread that is not ours is not ours either.
+    assert decide(reply_in_thread("", files=[PDF]), view(), SETTINGS) == []
+
+
+def test_22_a_request_that_shares_files_is_research_reading_them() -> None:
+    mention = event(kind="mention", text="does this hold up?", message_id="7.7", files=[PDF])
+    start = only(decide(mention, view(), SETTINGS))
+    assert isinstance(start, StartRun) and start.mode == "research" and start.files == (PDF,)
+    # Asked as a quick answer on purpose, it stays one; in our thread, new files make research, not a follow-up.
+    asked = only(decide(event(kind="mention", text="ask: what is this?", message_id="7.8", files=[PDF]), view(), SETTINGS))
+    assert isinstance(asked, StartRun) and asked.mode == "chat"
+    reported = run(report=REPORT)
+    follow = only(decide(reply_in_thread("compare with this", files=[PDF]), view(thread=thread(reported)), SETTINGS))
+    assert isinstance(follow, StartRun) and follow.mode == "research" and follow.files == (PDF,)
+    command = only(decide(event(kind="command", command="research", text="check it files only", files=[PDF]), view(),
+                          SETTINGS))
+    assert isinstance(command, StartRun) and command.options.files_only and command.files == (PDF,)
+    reported.created_at = NOW
+    after_report = ThreadView(conversation=thread().conversation, runs=[reported], shared_files=1,
+                              newest_file_at=reported.created_at)
+    follow_up = only(decide(reply_in_thread("and the price?"), view(thread=after_report), SETTINGS))
+    assert isinstance(follow_up, StartRun) and follow_up.mode == "followup"
+    scoped = only(decide(reply_in_thread("files only: and the price?"), view(thread=after_report), SETTINGS))
+    assert isinstance(scoped, StartRun) and scoped.mode == "research" and scoped.options.files_only
+    newer = dataclasses.replace(after_report, newest_file_at=reported.created_at + dt.timedelta(minutes=1))
+    reread = only(decide(reply_in_thread("and the price?"), view(thread=newer), SETTINGS))
+    assert isinstance(reread, StartRun) and reread.mode == "research"
+    holding_files = ThreadView(conversation=thread().conversation, shared_files=2)
+    asked_later = only(decide(reply_in_thread("what do they conclude?"), view(thread=holding_files), SETTINGS))
+    assert isinstance(asked_later, StartRun) and asked_later.mode == "research"
+    asked_about = only(decide(event(kind="command", command="ask", text="what does it conclude?", files=[PDF]), view(),
+                              SETTINGS))
+    assert isinstance(asked_about, StartRun) and asked_about.mode == "research" and asked_about.options.files_only
+    assert asked_about.question == "what does it conclude?"
 
 
 def test_every_rule_in_the_docstring_has_its_test() -> None:

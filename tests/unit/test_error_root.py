@@ -14,6 +14,7 @@ from research.cpu import CpuTaskError, CpuTaskTimedOut, CpuWorkerDied
 from research.engine import plain_reason
 from research.errors import DeepthreadError
 from research.fetch import FetchStopped
+from research.files import FileRefused
 from research.llm import ContextOverflow, LLMAuthError, LLMError, LLMTimeout, LLMUnavailable, StructuredOutputError
 from research.netguard import MalformedHostError, ResolutionError
 from research.providers.base import SearchProviderError
@@ -23,7 +24,7 @@ OUR_PACKAGES = {"research", "chat", "config", "ops", "bot", "worker", "storage"}
 ERRORS = [
     LLMError, LLMUnavailable, LLMTimeout, ContextOverflow, LLMAuthError, StructuredOutputError, SearchProviderError,
     NoSearchProviderError, CpuTaskError, CpuTaskTimedOut, CpuWorkerDied, FetchStopped, ResolutionError,
-    MalformedHostError, MessengerError, DiscordError, UsageProblem, SettingsError, HealthProblem,
+    MalformedHostError, MessengerError, DiscordError, UsageProblem, SettingsError, HealthProblem, FileRefused,
 ]
 
 

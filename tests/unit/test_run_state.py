@@ -42,3 +42,10 @@ def test_terminal_events_set_the_final_state() -> None:
 
 def test_progress_never_goes_backwards() -> None:
     assert fold([Progress(percent=50), Progress(percent=30)]).percent == 50
+
+
+def test_a_files_only_run_lists_no_search_or_fetch_among_its_phases() -> None:
+    everything = initial_progress(run_id=1, mode="research", question="q", requested_by="slack:U1")
+    files_only = initial_progress(run_id=1, mode="research", question="q", requested_by="slack:U1", files_only=True)
+    assert {"search", "fetch"} <= {line.name for line in everything.phases}
+    assert [line.name for line in files_only.phases] == ["decompose", "read", "synthesize", "verify"]

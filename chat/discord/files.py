@@ -1,0 +1,40 @@
+"""Downloading a file shared on Discord: the attachment's CDN address, as the interaction or message gave it, with
+no token, from Discord's CDN origins only (`research.file_download` refuses any other address and any redirect off
+them, and sends none of the client's own credentials, so even the bot's API client could be handed in safely).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import httpx
+
+from research.file_download import download_from_hosts
+from research.files import too_large
+from research.files import FileRef, FileRefused
+
+HTTP_TIMEOUT_SECONDS = 30.0
+
+
+class DiscordFileDownloader:
+    """A `FileDownloader` for attachments shared on Discord."""
+
+    def __init__(self, hosts: Sequence[str], http: httpx.AsyncClient | None = None) -> None:
+        """Download from the origins in `hosts` (DISCORD_FILE_HOSTS) through `http` (one of its own when None)."""
+        self.hosts = tuple(hosts)
+        self._owns_http = http is None
+        self.http = http or httpx.AsyncClient(timeout=HTTP_TIMEOUT_SECONDS, follow_redirects=False)
+
+    async def aclose(self) -> None:
+        """Close the HTTP client, if it was made here."""
+        if self._owns_http:
+            await self.http.aclose()
+
+    async def download(self, ref: FileRef, *, max_bytes: int) -> bytes:
+        """The attachment's bytes; raises `FileRefused` (naming it) when it is too large, its address is not on
+        Discord's CDN, or its download fails."""
+        if ref.size is not None and ref.size > max_bytes:
+            raise too_large(ref.name, max_bytes)
+        if not ref.url:
+            raise FileRefused(ref.name, "Discord gave no address to download it from")
+        return await download_from_hosts(self.http, ref.url, name=ref.name, hosts=self.hosts, max_bytes=max_bytes)
