@@ -107,7 +107,8 @@ class RunProgress(BaseModel):
         (a state, the last event seen, a queue position): the one way every status starts from a run row."""
         return initial_progress(run_id=run.id, mode=run.mode, question=run.question, requested_by=run.requested_by,
                                 attempt=run.attempt, requested_at=run.created_at, started_at=run.started_at,
-                                files_only=run.options.files_only).model_copy(update=update)
+                                files_only=run.options is not None and run.options.files_only,
+                                ).model_copy(update=update)
 
     @property
     def current_phase(self) -> str | None:
