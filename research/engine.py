@@ -851,29 +851,32 @@ async def _gather(run: _Run, question: str, options: ResearchOptions, budget: Bu
         queries = search_phase.build_queries(texts, searches_left=budget.searches_left(), since=options.since,
                                              already_asked=asked, results_per_query=options.results_per_query)
         joining = question_search if round_number == 1 else None
-        if queries or joining:
-            async with run.phase("search"):
-                # The question's own results come first; unanswered, it fails the round only when nothing else is asked.
-                found = await joining.results(raise_when_unanswered=not queries) if joining else []
-                found += await search_phase.search(queries, router=router) if queries else []
-                for source in found:
-                    state.sources.setdefault(source.id, source)
-            await run.progress(phase_progress("search", round_number=round_number, rounds=options.max_rounds))
-
         early = question_pages if round_number == 1 else None
-        taken = set(state.fetches) | (await early.choice() if early is not None else set())
-        # Shared files are read already: only web sources are fetched.
-        chosen = fetch_phase.choose_sources([source for source in state.sources.values() if source.id not in state.files],
-                                            already_fetched=taken,
-                                            limit=options.max_sources - len(taken))
-        if chosen or (early is not None and early.chosen):
-            async with run.phase("fetch"):
-                await asyncio.gather(fetch_phase.fetch_sources(chosen, fetcher=fetcher, on_fetched=_on_fetched(run, reader)),
-                                     *([early.fetched()] if early is not None else []))
-            await run.progress(phase_progress("fetch", round_number=round_number, rounds=options.max_rounds))
-            async with run.phase("read"):
-                await _read_unread(run, reader)
-            await run.progress(phase_progress("read", round_number=round_number, rounds=options.max_rounds))
+        pages = RoundPages(run, fetcher, reader, options)
+        try:
+            if queries or joining:
+                async with run.phase("search"):
+                    # The question's own results come first; unanswered, it fails the round only when nothing else is asked.
+                    for source in await joining.results(raise_when_unanswered=not queries) if joining else []:
+                        state.sources.setdefault(source.id, source)
+                    pages.taken |= await early.choice() if early is not None else set()
+                    if queries:
+                        # Each query's pages are fetched (and read) as soon as it answers, while the others search on.
+                        for source in await search_phase.search(queries, router=router, on_found=pages.start):
+                            state.sources.setdefault(source.id, source)
+                await run.progress(phase_progress("search", round_number=round_number, rounds=options.max_rounds))
+            else:
+                pages.taken |= await early.choice() if early is not None else set()
+            pages.start(list(state.sources.values()))  # what earlier rounds found and left unfetched
+            if pages.fetching or (early is not None and early.chosen):
+                async with run.phase("fetch"):
+                    await asyncio.gather(pages.fetched(), *([early.fetched()] if early is not None else []))
+                await run.progress(phase_progress("fetch", round_number=round_number, rounds=options.max_rounds))
+                async with run.phase("read"):
+                    await _read_unread(run, reader)
+                await run.progress(phase_progress("read", round_number=round_number, rounds=options.max_rounds))
+        finally:
+            pages.cancel()
 
         if round_number == options.max_rounds or (reason := budget.overrun()) is not None:
             if round_number < options.max_rounds:
@@ -915,6 +918,44 @@ def _on_fetched(run: _Run, reader: read_phase.PageReader) -> Callable[[SearchRes
             await run.sink(Warning_(phase="fetch", message=f"Skipped {source.url}: {result.reason}",
                                     detail={"source_id": source.id, "status": result.status}))
     return on_fetched
+
+
+class RoundPages:
+    """The pages of one round: fetched as soon as a search names them (up to the run's number of sources, in id order
+    within each query's answer), each read as it arrives."""
+
+    def __init__(self, run: _Run, fetcher: fetch_phase.PageFetcher, reader: read_phase.PageReader,
+                 options: ResearchOptions) -> None:
+        self.run = run
+        self.taken: set[str] = set(run.state.fetches)  # fetched, or being fetched
+        self.fetching: list[asyncio.Task[dict[str, FetchResult]]] = []
+        self._fetcher = fetcher
+        self._reader = reader
+        self._options = options
+
+    def start(self, found: list[SearchResult]) -> None:
+        """Keep `found` among the run's sources and start fetching those not taken yet, while sources are left."""
+        state = self.run.state
+        for source in found:
+            state.sources.setdefault(source.id, source)
+        # Shared files are read already: only web sources are fetched.
+        chosen = fetch_phase.choose_sources([source for source in found if source.id not in state.files],
+                                            already_fetched=self.taken, limit=self._options.max_sources - len(self.taken))
+        if not chosen:
+            return
+        self.taken.update(source.id for source in chosen)
+        self.fetching.append(asyncio.create_task(
+            fetch_phase.fetch_sources(chosen, fetcher=self._fetcher, on_fetched=_on_fetched(self.run, self._reader)),
+            name="round pages"))
+
+    async def fetched(self) -> None:
+        """Once every page started here has arrived (or failed)."""
+        await asyncio.gather(*self.fetching)
+
+    def cancel(self) -> None:
+        """Stop fetching what is still under way (the round was cut short)."""
+        for task in self.fetching:
+            task.cancel()
 
 
 class QuestionPages:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import re
+from collections.abc import Callable
 
 from research.models import SearchQuery, SearchResult
 from research.providers import NoSearchProviderError, SearchRouter
@@ -74,9 +75,11 @@ def build_queries(texts: list[str], *, searches_left: int, since: dt.date | None
     return queries
 
 
-async def search(queries: list[SearchQuery], *, router: SearchRouter) -> list[SearchResult]:
-    """The sources these queries found; raises NoSearchProviderError when no provider answered."""
-    return await router.search(queries)
+async def search(queries: list[SearchQuery], *, router: SearchRouter,
+                 on_found: Callable[[list[SearchResult]], None] | None = None) -> list[SearchResult]:
+    """The sources these queries found, each query's handed to `on_found` as soon as it (and those before it)
+    answered; raises NoSearchProviderError when no provider answered."""
+    return await router.search(queries, on_found=on_found)
 
 
 class QuestionSearch:

@@ -123,22 +123,36 @@ class SearchRouter:
         """Count a call made to `provider` outside search (a Firecrawl scrape), for the usage footer and the budget."""
         self._usage.setdefault(provider, ProviderUsage()).calls += 1
 
-    async def search(self, queries: Sequence[SearchQuery]) -> list[SearchResult]:
+    async def search(self, queries: Sequence[SearchQuery],
+                     on_found: Callable[[list[SearchResult]], None] | None = None) -> list[SearchResult]:
         """Run `queries` (concurrently, bounded) and return the run's sources they found, deduplicated, in id order.
 
-        Raises NoSearchProviderError when no provider answered any of them.
+        Each query's results are registered as soon as it and every query before it have answered (in query order,
+        so `sN` ids do not depend on timing), and the sources new to this call are handed to `on_found` then: a
+        caller can fetch the first query's pages while the others are still searching. Raises NoSearchProviderError
+        when no provider answered any of them.
         """
         await self._announce_pending_skips()
         if not queries:
             return []
-        outcomes = await asyncio.gather(*(self._search_bounded(query) for query in queries))
-        if not any(outcome.answered for outcome in outcomes):
-            raise self._no_provider_error()
+        searching = [asyncio.ensure_future(self._search_bounded(query)) for query in queries]
         found: dict[str, SearchResult] = {}
-        # Registering after all queries finish, in query order, keeps `sN` ids independent of timing.
-        for outcome in outcomes:
-            for source in self._register(outcome):
-                found.setdefault(source.id, source)
+        registered = 0
+        try:
+            for answered in asyncio.as_completed(searching):
+                await answered
+                while registered < len(searching) and searching[registered].done():
+                    new = [source for source in self._register(searching[registered].result())
+                           if source.id not in found]
+                    registered += 1
+                    found.update((source.id, source) for source in new)
+                    if new and on_found is not None:
+                        on_found(new)
+        finally:
+            for task in searching:
+                task.cancel()
+        if not any(task.result().answered for task in searching):
+            raise self._no_provider_error()
         return sorted(found.values(), key=lambda source: int(source.id[1:]))
 
     async def search_one(self, query: SearchQuery) -> list[SearchResult]:

@@ -250,6 +250,7 @@ class FakeSearchAPI(LoopbackFake):
         self.api_keys = dict(FAKE_KEYS if api_keys is None else api_keys)
         self._results_by_provider: dict[str, Callable[[str], list[dict[str, Any]]]] = {}
         self._latency_by_provider: dict[str, float] = {}
+        self._holds: list[tuple[str, asyncio.Event]] = []
         self._scripts: dict[str, list[ScriptedResponse]] = {endpoint: [] for endpoint in ENDPOINTS}
         self._logs = {endpoint: RequestLog() for endpoint in ENDPOINTS}
         # URL -> Markdown that Firecrawl's scrape returns; other URLs answer as a page that is not there.
@@ -317,6 +318,13 @@ class FakeSearchAPI(LoopbackFake):
         with self._lock:
             self._scripts[provider].append(ScriptedResponse(status=status, body=body, headers=dict(headers or {}), times=times))
 
+    def hold(self, text: str) -> asyncio.Event:
+        """Hold every search whose query (or body) holds `text` until the returned event is set (on the loop that
+        serves the fake): one query of several can then answer first."""
+        gate = asyncio.Event()
+        self._holds.append((text, gate))
+        return gate
+
     def set_latency(self, provider: str, seconds: float) -> None:
         """Delay `provider`'s replies by `seconds` (instead of the global `latency`)."""
         self._latency_by_provider[provider] = seconds
@@ -372,6 +380,10 @@ class FakeSearchAPI(LoopbackFake):
         delay = self._latency_by_provider.get(provider, self.latency)
         if delay > 0:
             await asyncio.sleep(delay)
+        asked = " ".join([*request.query_params.values(), body.decode("utf-8", "replace")])
+        for text, gate in list(self._holds):
+            if text in asked:
+                await gate.wait()
         return body
 
     def _next_script(self, provider: str) -> ScriptedResponse | None:

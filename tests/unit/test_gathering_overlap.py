@@ -331,3 +331,41 @@ def test_an_endpoint_is_taken_to_answer_in_parallel_unless_it_is_local_or_said_o
     assert not parallel("http://192.168.1.20:8000/v1") and not parallel("http://[::1]:8000/v1")
     assert parallel("http://127.0.0.1:8000/v1", parallel_requests=True)
     assert not parallel("https://api.openai.com/v1", parallel_requests=False)
+
+
+def test_a_sub_query_s_pages_are_fetched_and_read_while_a_slower_sub_query_still_searches() -> None:
+    """The second sub-query's search answers only once the first one's page is being read: a round's pages are
+    fetched as each search answers, not after the slowest."""
+    async def main() -> tuple[Any, Recorder, engine.ResearchState, list[str]]:
+        extracted: list[str] = []
+        search = FakeSearchAPI(results_for=lambda provider, query: [
+            hit("https://fast.example/report") if "output" in query else hit("https://slow.example/report")])
+        slow_search = search.hold("maintenance")
+
+        def on_extraction(url: str) -> None:
+            extracted.append(url)
+            if "fast.example" in url:
+                slow_search.set()
+
+        model = FakeLLM(lambda request: decomposition([PLANNED_QUERY, "Zorblax turbine maintenance"])(request)
+                        if request.schema_name == "decomposition" else default_research_model(request))
+        web = site({"fast.example": page("fast.example", "6,633"), "slow.example": page("slow.example", "7,744")})
+        tools = tools_for(model, search, web, cpu_pool=InlinePool(on_extraction))
+        recorder, state = Recorder(), engine.ResearchState()
+        # A plan given: the question itself is not searched, only the plan's two queries.
+        options = ResearchOptions(max_seconds=30, max_rounds=1, max_sources=4, max_searches=2)
+        async with asyncio.timeout(20):  # a hang guard: without the overlap the slow search never answers
+            report = await engine.research(QUESTION, options=options, tools=tools, events=recorder, state=state,
+                                           plan={"sub_questions": [
+                                               {"question": "Output?", "queries": [PLANNED_QUERY]},
+                                               {"question": "Upkeep?", "queries": ["Zorblax turbine maintenance"]}]})
+        return report, recorder, state, extracted
+
+    report, recorder, state, extracted = asyncio.run(main())
+
+    assert report is not None and recorder.events[-1].type == "complete"
+    assert extracted == ["https://fast.example/report", "https://slow.example/report"]
+    # Ids still follow the queries' order, whatever answered first.
+    assert [state.sources[source_id].url for source_id in sorted(state.documents)] == [
+        "https://fast.example/report", "https://slow.example/report"]
+    assert recorder.phases_started() == ["decompose", "search", "fetch", "read", "synthesize", "verify"]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -370,3 +372,39 @@ async def test_search_one_returns_a_querys_sources_in_rank_order(api: FakeSearch
     results = await router.search_one(SearchQuery(text="second"))
     assert [(result.id, result.url) for result in results] == [("s2", "https://b.org/2"), ("s1", "https://a.org/1")]
     assert router.registry is registry
+
+
+# -- answers as they come -------------------------------------------------------------------------------------------
+
+
+async def test_each_query_s_sources_are_handed_over_as_soon_as_it_and_those_before_it_answered(
+    api: FakeSearchAPI, http: httpx.AsyncClient, recorder: EventRecorder,
+) -> None:
+    api.set_results("brave", lambda query: hits(*(f"https://{word}.example/" for word in query.split()[:2])))
+    slow_second = api.hold("second")
+    slow_first = api.hold("first")
+    router = make_router(api, http, recorder, providers=["brave"])
+    handed: list[list[str]] = []
+    queries = [SearchQuery(text="first alpha"), SearchQuery(text="second beta"), SearchQuery(text="third gamma")]
+    searching = asyncio.create_task(router.search(queries, on_found=lambda found: handed.append(
+        [f"{source.id} {source.url}" for source in found])))
+
+    await wait_until(lambda: len(api.requests("brave")) == 3)
+    slow_first.set()
+    # The first query answered: its sources are handed over while the second still searches (the third, answered
+    # already, waits for the second, so that ids follow the queries' order whatever the timing).
+    await wait_until(lambda: handed)
+    assert handed == [["s1 https://first.example/", "s2 https://alpha.example/"]]
+    assert not searching.done()
+    slow_second.set()
+    found = await searching
+    assert handed[1:] == [["s3 https://second.example/", "s4 https://beta.example/"],
+                          ["s5 https://third.example/", "s6 https://gamma.example/"]]
+    assert [source.id for source in found] == ["s1", "s2", "s3", "s4", "s5", "s6"]
+
+
+async def wait_until(condition: Callable[[], object], timeout: float = 5.0) -> None:
+    """Until `condition()` is true, letting the loop run the fake and the router meanwhile."""
+    async with asyncio.timeout(timeout):
+        while not condition():
+            await asyncio.sleep(0.01)
