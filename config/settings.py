@@ -263,12 +263,14 @@ class Settings(BaseSettings):
     @field_validator("deepthread_secret_key")
     @classmethod
     def _fernet_keys(cls, value: SecretStr | None) -> SecretStr | None:
-        from cryptography.fernet import Fernet
+        keys = [key.strip() for key in (value.get_secret_value() if value is not None else "").split(",") if key.strip()]
+        if not keys:
+            return value
+        from cryptography.fernet import Fernet  # only when a key is set: 20 ms of every start otherwise
 
-        for key in (value.get_secret_value() if value is not None else "").split(","):
+        for key in keys:
             try:
-                if key.strip():
-                    Fernet(key.strip())
+                Fernet(key)
             except ValueError:
                 raise ValueError("must be Fernet keys, comma-separated; make one with python -c \"from "
                                  "cryptography.fernet import Fernet; print(Fernet.generate_key().decode())\"") from None

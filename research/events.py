@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 Phase = Literal["decompose", "search", "fetch", "read", "gap_check", "synthesize", "verify", "plan", "chat", "answer"]
 
@@ -16,6 +17,8 @@ def _now() -> dt.datetime:
 
 
 class _Event(BaseModel):
+    model_config = ConfigDict(defer_build=True)
+
     seq: int = 0
     at: dt.datetime = Field(default_factory=_now)
     phase: Phase | None = None
@@ -124,7 +127,10 @@ Event = Annotated[
     ],
     Field(discriminator="type"),
 ]
-EventAdapter: TypeAdapter[Event] = TypeAdapter(Event)
+@functools.cache
+def event_adapter() -> TypeAdapter[Event]:
+    """The validator of any event, built when a stored event is first read (not when the module is imported)."""
+    return TypeAdapter(Event)
 # Exactly one of these ends every run; nothing follows it.
 TerminalEvent = Complete | Aborted | Error
 TERMINAL_TYPES = frozenset({"complete", "aborted", "error"})
@@ -138,5 +144,5 @@ def event_from_stored(*, type: str, phase: str | None, payload: Mapping[str, Any
 
     Raises pydantic.ValidationError when `type` is no event's or the payload does not fit it.
     """
-    return EventAdapter.validate_python({**payload, "type": type, "phase": phase, "seq": seq, "at": at})
+    return event_adapter().validate_python({**payload, "type": type, "phase": phase, "seq": seq, "at": at})
 

@@ -6,7 +6,6 @@ import datetime as dt
 
 from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
-from rich.markdown import Markdown
 from rich.markup import escape
 from rich.padding import Padding
 from rich.progress_bar import ProgressBar
@@ -110,6 +109,8 @@ class ConsoleRenderer:
     def draft(self, text: str) -> Content:
         """An answer still being written, shown live below its status: its newest lines that fit the screen. It has
         no audited sources yet, so by the link rule every link in it is its label and address as text."""
+        from rich.markdown import Markdown  # here: `deepthread research` draws no draft, and its status panel no Markdown
+
         safe = only_source_links(text, [])
         return Content(text=safe, extra={"live": True, "rich": LatestLines(Padding(Markdown(safe), (1, 0, 0, 0)))})
 

@@ -6,7 +6,7 @@ from alembic import context
 from sqlalchemy import text
 
 from storage.db import make_engine
-from storage.models import Base
+from storage.models import Base, compared_by_alembic
 
 config = context.config
 target_metadata = Base.metadata
@@ -28,6 +28,7 @@ def run_migrations() -> None:
             target_metadata=target_metadata,
             render_as_batch=connection.dialect.name == "sqlite",
             compare_type=True,
+            include_object=compared_by_alembic,
         )
         context.run_migrations()
 

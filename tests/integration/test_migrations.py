@@ -12,9 +12,10 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, select
 from sqlalchemy.exc import IntegrityError
 
+from storage.conversations import NewRun, ThreadBusy, ThreadKey, store_run
 from storage.db import make_engine, make_session_factory
 from storage.migrate import HEAD_REVISION, alembic_config, current_revision, downgrade, upgrade
-from storage.models import Base, Citation, Conversation, Event, Passage, Run, Source
+from storage.models import Base, Citation, Conversation, Event, Passage, Run, Source, compared_by_alembic
 
 pytestmark = pytest.mark.integration
 
@@ -45,7 +46,8 @@ def test_models_and_migrations_do_not_drift(database_url: str) -> None:
     engine = make_engine(database_url)
     upgrade(database_url, engine=engine, build_empty=False)
     with engine.connect() as connection:
-        context = MigrationContext.configure(connection, opts={"compare_type": True})
+        context = MigrationContext.configure(connection, opts={"compare_type": True,
+                                                               "include_object": compared_by_alembic})
         differences = compare_metadata(context, Base.metadata)
     engine.dispose()
     assert differences == []
@@ -88,7 +90,8 @@ def test_an_empty_database_is_built_at_the_newest_revision_as_the_migrations_wou
     upgrade(database_url, engine=engine)
     built = current_revision(engine)
     with engine.connect() as connection:
-        context = MigrationContext.configure(connection, opts={"compare_type": True})
+        context = MigrationContext.configure(connection, opts={"compare_type": True,
+                                                               "include_object": compared_by_alembic})
         assert compare_metadata(context, Base.metadata) == []
     indexes = {table: {(index["name"], tuple(index["column_names"])) for index in inspect(engine).get_indexes(table)}
                for table in inspect(engine).get_table_names()}
@@ -168,4 +171,19 @@ def test_tokens_stored_before_the_key_was_set_are_encrypted_by_the_migration_and
     found = find_installation(store, enterprise_id=None, team_id="T1", user_id="U1")
     assert found is not None and (found.bot_token, found.user_token) == (bot_token, "xoxp-plain")
     assert found.user_refresh_token == refresh_token
+    engine.dispose()
+
+
+@pytest.mark.parametrize("built", [True, False], ids=["built from the models", "migrated"])
+def test_a_thread_holds_one_run_in_flight_however_its_database_was_made(database_url: str, built: bool) -> None:
+    engine = make_engine(database_url)
+    upgrade(database_url, engine=engine, build_empty=built)
+    sessions = make_session_factory(engine)
+    key = ThreadKey("slack", "T1", "C1", "1.1")
+    first = store_run(sessions, NewRun(key=key, mode="research", question="first?", requested_by="slack:U1"))
+    with pytest.raises(ThreadBusy):
+        store_run(sessions, NewRun(key=key, mode="research", question="second?", requested_by="slack:U1"))
+    with sessions.begin() as session:
+        session.get_one(Run, first).state = "done"
+    store_run(sessions, NewRun(key=key, mode="research", question="second?", requested_by="slack:U1"))
     engine.dispose()
