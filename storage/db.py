@@ -210,14 +210,17 @@ def pooled_engine(url: str, sessions_at_once: int, max_connections: int | None =
 
 
 def database_now(session: Session) -> dt.datetime:
-    """The database server's time, in UTC: one clock for every machine that shares the database.
+    """The database server's time now, in UTC: one clock for every machine that shares the database.
 
-    Leases are written by one worker and judged by another; their own clocks may disagree.
+    Leases are written by one worker and judged by another; their own clocks may disagree. On PostgreSQL it is
+    `clock_timestamp()`, not `now()`: that is when the transaction began, and a run's outcome stored after a wait for
+    its row's lock and the inserts of its findings read as finished seconds before it was (a report then looked
+    seconds late, and the reaper's delivery grace ran short by as much).
     """
     if session.get_bind().dialect.name == "sqlite":
         moment = session.execute(text("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')")).scalar_one()
         return dt.datetime.fromisoformat(moment).replace(tzinfo=dt.timezone.utc)
-    return session.execute(select(func.now())).scalar_one().astimezone(dt.timezone.utc)
+    return session.execute(select(func.clock_timestamp())).scalar_one().astimezone(dt.timezone.utc)
 
 
 def hold_write_lock(session: Session, column: Any) -> None:

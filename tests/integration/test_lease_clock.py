@@ -40,11 +40,13 @@ def sqlite_clock_ahead(engine: Engine) -> None:
 
 
 def postgresql_clock_ahead(engine: Engine) -> None:
-    """PostgreSQL's `now()` answers an hour ahead: a function of that name earlier on the search path."""
+    """PostgreSQL's clock (`clock_timestamp()`, and `now()`) answers an hour ahead: functions of those names earlier
+    on the search path."""
     with engine.begin() as connection:
         connection.execute(text("CREATE SCHEMA IF NOT EXISTS clock_ahead"))
-        connection.execute(text("CREATE OR REPLACE FUNCTION clock_ahead.now() RETURNS timestamptz LANGUAGE sql STABLE "
-                                "AS $$ SELECT pg_catalog.now() + interval '1 hour' $$"))
+        for name in ("now", "clock_timestamp"):
+            connection.execute(text(f"CREATE OR REPLACE FUNCTION clock_ahead.{name}() RETURNS timestamptz LANGUAGE sql "
+                                    f"VOLATILE AS $$ SELECT pg_catalog.{name}() + interval '1 hour' $$"))
 
     def search_clock_first(connection: Any, record: Any) -> None:
         with connection.cursor() as cursor:
