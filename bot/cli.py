@@ -156,14 +156,15 @@ def _shared_files(paths: Sequence[Path]) -> list[SharedFile]:
         return []
     from storage.conversations import SharedFile
 
-    shared = []
+    shared: dict[str, SharedFile] = {}
     for path in paths:
         resolved = path.expanduser().resolve()
         if not resolved.is_file():
             typer.echo(f"--file {path}: there is no such file.", err=True)
             raise typer.Exit(code=2)
-        shared.append(SharedFile(file_id=str(resolved), name=resolved.name, size=resolved.stat().st_size))
-    return shared
+        shared.setdefault(str(resolved), SharedFile(file_id=str(resolved), name=resolved.name,
+                                                    size=resolved.stat().st_size))  # once, however often named
+    return list(shared.values())
 
 
 def _run_in_terminal(mode: RunMode, question: str, options: RunOptions, output_format: ExportFormat,
@@ -326,6 +327,8 @@ def research(
                                 depth="deep" if deep else "quick" if quick else None, files_only=files_only)
     if carried is not None:
         options = carried.merged(options)
+    if options.files_only and not shared:  # "files only" in the question's words, and no file to read
+        options = options.model_copy(update={"files_only": False})
     _run_in_terminal("research", checked, options, _export_format(output_format), out, plan=steps, files=shared)
 
 

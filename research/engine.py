@@ -383,23 +383,28 @@ def _with_file_details(sources: list[ReportSource], state: ResearchState) -> lis
             if source.source_id in state.files else source for source in sources]
 
 
-async def _add_shared_files(run: _Run, shared: files_phase.SharedFiles, registry: SourceRegistry) -> None:
-    """The shared files, read: each a source with its passages, or a refusal named in a warning and the notes."""
+async def _add_shared_files(run: _Run, shared: files_phase.SharedFiles, registry: SourceRegistry,
+                            timeout: float) -> None:
+    """The shared files, read within `timeout` seconds: each a source with its passages, or a refusal named in a
+    warning and the notes."""
     state = run.state
     documents: dict[str, Document] = {}
     read_files: dict[str, FileDocument] = {}
-    for ref, read in await shared.results():
+    for ref, read in await shared.results(timeout=timeout):
         if isinstance(read, FileRefused):
             await run.sink(Warning_(phase="read", message=read.plain_reason, detail={"file": ref.name}))
             state.notes.append(read.plain_reason)
             continue
+        # Defused here, page by page, so that a PDF's pages still match its passages' offsets.
+        read, tainted = files_phase.defused(read)
+        state.tainted_words |= tainted
         source = files_phase.register(registry, ref, read)
         state.sources[source.id] = source
         documents[source.id] = files_phase.as_document(read, source.url)
         read_files[source.id] = read
     if shared.skipped:
-        note = (f"Only the newest {len(shared.refs)} shared files were read "
-                f"({shared.skipped} older {'one was' if shared.skipped == 1 else 'ones were'} left out).")
+        note = (f"Only the newest {len(shared.refs)} files shared in this conversation were read; older ones were "
+                "left out (FILE_MAX_PER_RUN).")
         await run.sink(Warning_(phase="read", message=note))
         state.notes.append(note)
     if not documents:
@@ -534,7 +539,7 @@ async def _research(run: _Run, question: str, plan: Any, context: str | None,
         await run.progress(phase_progress("decompose"))
         if shared is not None:
             async with run.phase("read"):
-                await _add_shared_files(run, shared, router.registry)
+                await _add_shared_files(run, shared, router.registry, timeout=max(0.0, budget.gathering_seconds_left))
 
         async def write_report(shown: Callable[[], bool]) -> tuple[list[Passage], bool]:
             return await _write_report(run, question, context, options, llm, today, shown=shown)
@@ -860,6 +865,9 @@ async def _gather(run: _Run, question: str, options: ResearchOptions, budget: Bu
                     for source in await joining.results(raise_when_unanswered=not queries) if joining else []:
                         state.sources.setdefault(source.id, source)
                     pages.taken |= await early.choice() if early is not None else set()
+                    # What is known already goes first, in id order: the addresses the question names, and what
+                    # earlier rounds found and left unfetched.
+                    pages.start(list(state.sources.values()))
                     if queries:
                         # Each query's pages are fetched (and read) as soon as it answers, while the others search on.
                         for source in await search_phase.search(queries, router=router, on_found=pages.start):

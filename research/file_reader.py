@@ -46,7 +46,7 @@ _MIB = 1024 * 1024
 
 READ_KINDS = "PDF, Word, Markdown, HTML, text or CSV"
 _MARKDOWN_SUFFIXES = frozenset({".md", ".markdown"})
-_MARKDOWN_HEADING = re.compile(r"^ {0,3}#{1,6}[ \t]+(.*?)(?:[ \t]+#+)?[ \t]*$", re.MULTILINE)
+_MARKDOWN_HEADING_MARKERS = re.compile(r"^ {0,3}#{1,6}[ \t]+", re.MULTILINE)
 _CSV_DELIMITERS = {".csv": None, ".tsv": "\t"}  # None: sniffed from the first lines
 _SNIFFED_DELIMITERS = ",;\t|"
 _WORD_ENTRIES = frozenset({"word/document.xml", "[Content_Types].xml"})
@@ -57,7 +57,9 @@ _WIDE_BOMS = (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE, codecs.BOM_UTF32_BE)
 _NOT_TEXT = re.compile(r"[\x00-\x08\x0e-\x1f\x7f\ufffd]")
 _TEXT_SAMPLE_CHARACTERS = 65_536
 # Only a file that begins as HTML is read as HTML: a Markdown or text file may hold tags further in.
-_HTML_PREAMBLE = r"\A\s*(?:<\?xml[^>]*>\s*)?(?:<!--.*?-->\s*)*"
+# Comments matched without backtracking into each other (a lazy `.*?` inside a repeated group is exponential on
+# `<!---->` repeated).
+_HTML_PREAMBLE = r"\A\s*(?:<\?xml[^>]*>\s*)?(?>(?:<!--(?:(?!-->).)*-->\s*)*)"
 _HTML_DOCUMENT_START = re.compile(_HTML_PREAMBLE + r"<(?:!doctype\s+html|html)[\s>]", re.IGNORECASE | re.DOTALL)
 _HTML_FRAGMENT_START = re.compile(_HTML_PREAMBLE + r"<(?:head|body|title|meta|div|p)[\s>]", re.IGNORECASE | re.DOTALL)
 _HTML_SNIFF_CHARACTERS = 4096
@@ -133,8 +135,23 @@ def _read(name: str, data: bytes, *, max_pdf_pages: int, max_characters: int, ma
         return _Read("csv", _csv_text(text, _CSV_DELIMITERS[suffix], max_characters))
     if suffix in _MARKDOWN_SUFFIXES:
         # A heading's markers are markup, not words a passage should quote: the heading stays as its own line.
-        return _Read("markdown", _plain_text(_MARKDOWN_HEADING.sub(r"\1", text), max_characters))
+        return _Read("markdown", _plain_text(_without_heading_markers(text), max_characters))
     return _Read("text", _plain_text(text, max_characters))
+
+
+def _without_heading_markers(text: str) -> str:
+    """Markdown with each ATX heading's `#` markers (leading, and closing ones) taken off its line."""
+    lines = text.split("\n")
+    for index, line in enumerate(lines):
+        opened = _MARKDOWN_HEADING_MARKERS.match(line)
+        if opened is None:
+            continue
+        heading = line[opened.end():].rstrip(" \t\r")
+        closed = heading.rstrip("#")
+        if closed != heading and (not closed or closed[-1] in " \t"):
+            heading = closed.rstrip(" \t")
+        lines[index] = heading + ("\r" if line.endswith("\r") else "")
+    return "\n".join(lines)
 
 
 def _suffix(name: str) -> str:
@@ -240,6 +257,9 @@ def _check_declared_entries(name: str, entries: list[zipfile.ZipInfo], max_infla
     if sum(entry.file_size for entry in entries) > max_inflated_bytes:
         raise FileRefused(name, _inflates_past(max_inflated_bytes))
     for entry in entries:
+        if entry.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+            # Word writes deflate; bzip2 and LZMA entries inflate a whole read at once, past the chunked budget.
+            raise FileRefused(name, _NOT_WORD)
         if (entry.file_size > _RATIO_CHECKED_FROM_BYTES
                 and entry.file_size > MAX_COMPRESSION_RATIO * max(entry.compress_size, 1)):
             raise FileRefused(name, "it is compressed far more than a Word document can be (a ZIP bomb?)")

@@ -225,7 +225,9 @@ def forget_workspace(sessions: sessionmaker[Session], workspace: str, *, by: str
     while True:
         with sessions.begin() as session:
             query = select(Conversation.id).where(deletable).order_by(Conversation.id)
-            conversation_ids = list(session.scalars(query.limit(batch_size)))
+            # Locked on PostgreSQL: a run stored in one of them now waits for this batch (its row's key is locked),
+            # instead of starting between the deletes below and finding its thread's earlier findings gone.
+            conversation_ids = list(session.scalars(_locked(session, query.limit(batch_size))))
             if not conversation_ids:
                 break
             # Checked again as it deletes: a run may have started in one of them since the read.

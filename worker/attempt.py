@@ -200,7 +200,8 @@ class RunAttempt:
         options = options_for_run(services.options, run.options)
         inputs = await arun_inputs(services.sessions, run.conversation_id, history_messages=HISTORY_MESSAGES,
                                    answer_from_run=run.options.answer_from_run if run.mode == "followup" else None,
-                                   max_files=tools.file_limits.max_files if run.mode == "research" else 0)
+                                   # One more than a run reads: the engine then knows that older files were left out.
+                                   max_files=tools.file_limits.max_files + 1 if run.mode == "research" else 0)
         earlier = without_current_question(turns_of(inputs.history), run.question)
         passages, sources, files = passages_and_sources(inputs.passages)
         # The thread's history takes at most CHAT_MAX_CONTEXT_TOKENS, and at most a quarter of the model's window, so

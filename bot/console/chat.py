@@ -18,6 +18,7 @@ import asyncio
 import datetime as dt
 import functools
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -110,6 +111,7 @@ class ChatCommand:
     name: CommandName
     arguments: tuple[str, ...] = ()
     word: str = ""
+    rest: str = ""  # the line after the command's word, as typed (a path may hold spaces)
 
 
 def as_thread_text(line: str) -> str:
@@ -130,7 +132,8 @@ def chat_command(line: str) -> ChatCommand | None:
         if head in SLASH:
             return None
         name = COMMAND_WORDS.get(head[1:])
-        return ChatCommand(name=name or "unknown", arguments=arguments, word=words[0])
+        return ChatCommand(name=name or "unknown", arguments=arguments, word=words[0],
+                           rest=line.strip()[len(words[0]):].strip())
     if head == "export" and arguments and arguments[0].lstrip("#").isdigit() and len(arguments) <= 2:
         return ChatCommand(name="export", arguments=arguments, word=head)
     if head == "export" and len(arguments) == 1 and arguments[0].lower() in EXPORT_FORMATS:
@@ -139,6 +142,16 @@ def chat_command(line: str) -> ChatCommand | None:
     if not arguments and head in COMMAND_WORDS:
         return ChatCommand(name=COMMAND_WORDS[head], word=head)
     return None
+
+
+def typed_path(rest: str) -> str:
+    """The path after `/attach` as a shell would read it (quoted, or with escaped spaces, as a terminal pastes a
+    dragged file), or as typed when that reads as more than one word."""
+    try:
+        words = shlex.split(rest)
+    except ValueError:  # an unclosed quote
+        return rest.strip()
+    return words[0] if len(words) == 1 else rest.strip()
 
 
 def read_prompt_line(prompt: str) -> str:
@@ -357,7 +370,7 @@ class TerminalChat:
         elif command.name == "export":
             print_unbroken(self.console, await self._export(command.arguments))
         elif command.name == "attach":
-            await self._attach(" ".join(command.arguments))
+            await self._attach(typed_path(command.rest))
         else:
             self.console.print(Text(f"Unknown command {command.word}. Type /help for the commands."))
 

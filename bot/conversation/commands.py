@@ -27,7 +27,7 @@ HELP = (
     "research, or **cancel** (or react ❌) to stop a run and keep what was found.\n"
     "• In a report's thread: **export md**, **export html** or **export json** attaches the report as a file\n"
     "• Share files (PDF, Word, Markdown, HTML, text, CSV) with a mention, in my thread or in a DM: they are read "
-    "and cited beside the web; say **files only** (or --files-only) to search nothing else\n"
+    "and cited beside the web; start with **files only:** (or add --files-only) to search nothing else\n"
     "• `/research history` — your recent runs and this channel's, shown only to you"
 )
 
@@ -42,7 +42,10 @@ _DIG_DEEPER = re.compile(r"^\s*(?:dig deeper|go deeper|research (?:more|further|
 _RETRY = re.compile(r"^\s*(?:retry|try again)\s*[.!]*\s*$", re.IGNORECASE)
 _CONTINUE = re.compile(r"^\s*(?:continue|keep going|carry on)\s*[.!]*\s*$", re.IGNORECASE)
 _HELP = re.compile(r"^\s*(?:help|\?)\s*$", re.IGNORECASE)
-_FILES_ONLY = re.compile(r"\bfiles?[ -]only\b", re.IGNORECASE)
+# "files only" as a scope, not as words of a question ("which files only Linux reads?"): at the start ("files only:
+# …"), in brackets, or after a comma at the end ("…, files only").
+_FILES_ONLY = re.compile(r"^\s*files?[ -]only\s*[:,.!-]|^\s*files?[ -]only\s*$|[(\[]\s*files?[ -]only\s*[)\]]"
+                         r"|[,;]\s*files?[ -]only\s*[.!]?\s*$", re.IGNORECASE)
 _HISTORY = re.compile(r"^\s*history\s*[.!?]*\s*$", re.IGNORECASE)
 _EXPORT = re.compile(r"^\s*export(?:\s+(?:as\s+)?(md|markdown|html|json))?\s*[.!]*\s*$", re.IGNORECASE)
 # What each word that _MODE_PREFIX and _EXPORT admit asks for.

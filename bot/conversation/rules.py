@@ -36,13 +36,16 @@ rules, each with a test in `tests/unit/test_conversation_rules.py`:
 22. **files**: files shared with a request (a mention, a DM, a reply in our thread, Discord's file option) are kept
     as sources of the conversation's research, and a request that shares files is research unless it says
     otherwise (`/ask` with a file is research of the files only), as is a question in a thread that holds files
-    and no report yet, or files shared since its report, or that asks for "files only"; a message that only shares
-    files is acknowledged in the thread ("I'll use notes.pdf in this
+    and no report yet, or files shared since its report, or that starts with "files only:"; files shared with any
+    other reply are kept for the thread before the reply is answered; pictures, sound and video are not read (the
+    person is told); "files only" where no file is shared is the question's words, not a scope; a message that
+    only shares files is acknowledged in the thread ("I'll use notes.pdf in this
     thread") and starts nothing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
@@ -180,6 +183,20 @@ Action = Say | StartRun | Cancel | Export | RecordFeedback | ShowHistory | Sugge
 
 def decide(event: ChatEvent, view: View, settings: CoreSettings) -> list[Action]:
     """What `event` means in `view`, as the actions to carry out, in order."""
+    unreadable = [shared for shared in event.files if not may_be_read(shared)]
+    if not unreadable:
+        return _decide(event, view, settings)
+    # Pictures, sound and video change nothing: the request goes on as if they were not attached, and the person
+    # is told which were not read.
+    notice = say(f"I can't read {_listed([shared.name for shared in unreadable])}: deepthread reads PDF, Word, "
+                 "Markdown, HTML, text and CSV files.")
+    event = event.model_copy(update={"files": [shared for shared in event.files if may_be_read(shared)]})
+    if not event.files and not event.text.strip():
+        return [notice]
+    return [*_decide(event, view, settings), notice]
+
+
+def _decide(event: ChatEvent, view: View, settings: CoreSettings) -> list[Action]:
     match event.kind:
         case "command":
             return _command(event, view, settings)
@@ -242,10 +259,22 @@ def _keep_files(event: ChatEvent, thread: str) -> list[Action]:
 
 def files_kept_text(names: list[str]) -> str:
     """The thread's acknowledgement of files shared without a request."""
-    listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
-    return (f"I'll use {listed} in this thread. Ask a question here (mention me, or reply in this thread) and "
-            f"{'it is' if len(names) == 1 else 'they are'} read and cited beside the web; say **files only** to "
-            "search nothing else.")
+    return (f"I'll use {_listed(names)} in this thread. Ask a question in this thread and "
+            f"{'it is' if len(names) == 1 else 'they are'} read and cited beside the web; start it with "
+            "**files only:** to search nothing else.")
+
+
+def _listed(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+UNREAD_MEDIA = ("image/", "audio/", "video/")
+
+
+def may_be_read(shared: FileRef) -> bool:
+    """Whether a shared file is of a kind deepthread might read (its content decides when the run reads it):
+    not a picture, a sound or a video as the platform declared it."""
+    return not (shared.mimetype or "").lower().startswith(UNREAD_MEDIA)
 
 
 def _start(event: ChatEvent, view: View, settings: CoreSettings, start: StartRun) -> list[Action]:
@@ -253,6 +282,10 @@ def _start(event: ChatEvent, view: View, settings: CoreSettings, start: StartRun
     refusal = refusal_of(event, view, settings)
     if refusal is not None:
         return [Say(refusal, thread=start.thread)]
+    holds_files = bool(start.files or event.files or (view.thread is not None and view.thread.shared_files))
+    if start.options.files_only and not holds_files:
+        # "files only" with no file to read: the words were the question's, not a scope (nothing would be read).
+        start = dataclasses.replace(start, options=start.options.model_copy(update={"files_only": False}))
     return [start]
 
 
@@ -287,6 +320,13 @@ def _thread_reply(event: ChatEvent, view: View, settings: CoreSettings, thread: 
                   text: str) -> list[Action]:
     if event.files and not text:
         return _keep_files(event, thread.key.thread)
+    # Files shared with any other reply are kept for the thread first, whatever the reply then asks for.
+    kept: list[Action] = [KeepFiles(thread=thread.key.thread, files=tuple(event.files))] if event.files else []
+    return kept + _reply_in_our_thread(event, view, settings, thread, text)
+
+
+def _reply_in_our_thread(event: ChatEvent, view: View, settings: CoreSettings, thread: ThreadView,
+                         text: str) -> list[Action]:
     if commands.is_cancel(text):
         if thread.active is None:
             return [say(NOTHING_RUNNING)]
@@ -301,12 +341,6 @@ def _thread_reply(event: ChatEvent, view: View, settings: CoreSettings, thread: 
     if thread.active is not None:
         return [Say(busy_reply())]
     try:
-        if event.files:
-            # New files with a question: research that reads them (a follow-up only re-reads the report's passages).
-            request = commands.parse_request(text, "research")
-            return _start(event, view, settings, StartRun(
-                thread=thread.key.thread, mode=request.mode, question=request.question, options=request.options,
-                files=tuple(event.files)))
         return _next_run(event, view, settings, thread, text)
     except UsageProblem as problem:
         return [say(str(problem))]
@@ -333,13 +367,15 @@ def _next_run(event: ChatEvent, view: View, settings: CoreSettings, thread: Thre
         request = commands.parse_request(deeper or report_run.question, "research")
         return _start_request(event, view, settings, where, request.model_copy(
             update={"options": report_run.options.carried().merged(request.options)}))
-    if report_run is not None and deeper is None and has_sources(report_run) and not _reads_files_anew(thread, text):
+    # New files with a question make research that reads them (a follow-up only re-reads the report's passages).
+    if (report_run is not None and deeper is None and has_sources(report_run) and not event.files
+            and not _reads_files_anew(thread, text)):
         request = commands.parse_request(text, "chat")
         return _start(event, view, settings, StartRun(thread=where, mode="followup", question=request.question,
                                                       options=RunOptions(answer_from_run=report_run.id)))
     # A thread holding shared files researches them (a quick answer would not read them).
     return _start_request(event, view, settings, where,
-                          commands.parse_request(text, "research" if thread.shared_files else "chat"))
+                          commands.parse_request(text, "research" if thread.shared_files or event.files else "chat"))
 
 
 def _reads_files_anew(thread: ThreadView, text: str) -> bool:

@@ -28,6 +28,7 @@ from research.files import (
 from research.models import Document, DocumentKind, Passage, SearchResult
 from research.report import ReportSource, SourceFile
 from research.sources import SourceRegistry
+from research.untrusted import defuse_injections
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +54,8 @@ class SharedFiles:
 
     def __init__(self, refs: Sequence[FileRef], *, downloader: FileDownloader | None, limits: FileLimits,
                  cpu_pool: Executor | None) -> None:
-        self.refs = list(refs)[:limits.max_files]
+        # The newest `max_files` (refs come oldest first); the run's inputs hold one more when there are older ones.
+        self.refs = list(refs)[-limits.max_files:]
         self.skipped = len(refs) - len(self.refs)
         self._downloader = downloader
         self._limits = limits
@@ -78,14 +80,40 @@ class SharedFiles:
             logger.warning("could not read a shared file: %s", type(error).__name__)
             return FileRefused(ref.name, "it could not be read")
 
-    async def results(self) -> list[tuple[FileRef, FileDocument | FileRefused]]:
-        """Each file with what it became, in the order they were shared."""
-        read = await asyncio.gather(*(asyncio.shield(task) for task in self._tasks))
-        return list(zip(self.refs, read))
+    async def results(self, timeout: float | None = None) -> list[tuple[FileRef, FileDocument | FileRefused]]:
+        """Each file with what it became, in the order they were shared; one not read within `timeout` seconds is
+        refused as such (the run's gathering time is spent), and its download or reading stopped."""
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=timeout)
+        outcomes: list[tuple[FileRef, FileDocument | FileRefused]] = []
+        for ref, task in zip(self.refs, self._tasks):
+            if task.done() and not task.cancelled():
+                outcomes.append((ref, task.result()))
+            else:
+                task.cancel()
+                outcomes.append((ref, FileRefused(ref.name, "it could not be read within the run's time")))
+        return outcomes
 
     def cancel(self) -> None:
         for task in self._tasks:
             task.cancel()
+
+
+def defused(document: FileDocument) -> tuple[FileDocument, frozenset[str]]:
+    """The file with its sentences addressed to an AI replaced by a marker (as a web page's are), page by page so
+    that a PDF's page offsets still count in the text its passages are cut from; and those sentences' words."""
+    if not document.page_starts:
+        text, words = defuse_injections(document.text)
+        return document.model_copy(update={"text": text}), words
+    bounds = [*document.page_starts, len(document.text)]
+    pages = [defuse_injections(document.text[start:end]) for start, end in zip(bounds, bounds[1:])]
+    starts, offset = [], document.page_starts[0]
+    for text, _words in pages:
+        starts.append(offset)
+        offset += len(text)
+    cleaned = document.text[:document.page_starts[0]] + "".join(text for text, _words in pages)
+    return (document.model_copy(update={"text": cleaned, "page_starts": starts}),
+            frozenset().union(*(words for _text, words in pages)))
 
 
 def file_source(ref: FileRef, document: FileDocument) -> SearchResult:

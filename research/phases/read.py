@@ -128,10 +128,17 @@ def select_for_synthesis(plan: Decomposition | None, passages: list[Passage], op
     if not any(ranked.values()):
         # Nothing shares a term with the questions (another language, say): keep document order.
         ranked = {"all": [(passage, 0.0) for passage in passages]}
-    files = [passage for passage in passages if passage.source_id in shared]
-    if not files:
+    by_file: dict[str, list[Passage]] = {}
+    for passage in passages:
+        if passage.source_id in shared:
+            by_file.setdefault(passage.source_id, []).append(passage)
+    if not by_file:
         return select_passages(ranked, options.passage_token_budget)
-    files_ranked = rank_passages_for_queries([" ".join(questions)], files, options.passages_per_question)
-    best_of_files = next(iter(files_ranked.values()), []) or [(passage, 0.0) for passage in files]
+    # Each file's own best passage (its first when none shares a word with the questions), ranked apart.
+    asked = " ".join(questions)
+    best_of_files: list[tuple[Passage, float]] = []
+    for file_passages in by_file.values():
+        ranking = next(iter(rank_passages_for_queries([asked], file_passages, 1).values()), [])
+        best_of_files.append(ranking[0] if ranking else (file_passages[0], 0.0))
     return select_passages({SHARED_FILES: best_of_files, **ranked}, options.passage_token_budget,
-                           first_sources=list(dict.fromkeys(passage.source_id for passage, _ in best_of_files)))
+                           first_sources=list(by_file))

@@ -161,7 +161,11 @@ POOL_LIMIT_MIB = 512
 def test_each_unusable_file_is_named_in_the_thread_and_the_run_goes_on_within_the_pool_s_memory(world: SlackWorld) -> None:
     shared = [
         world.slack.add_file("too-big.txt", b"Zorblax tides. " * 200_000, channel=CHANNEL, user=ASKER),
-        world.slack.add_file("diagram.png", b"\x89PNG\r\n\x1a\n" + bytes(4096), channel=CHANNEL, user=ASKER),
+        # An unknown type, declared as no type in particular: judged by its content, and refused by it.
+        world.slack.add_file("diagram.dwg", b"AC1032" + bytes(4096), channel=CHANNEL, user=ASKER,
+                             mimetype="application/octet-stream"),
+        # A picture is not even sent to the run: the person is told at once.
+        world.slack.add_file("screenshot.png", b"\x89PNG\r\n\x1a\n" + bytes(64), channel=CHANNEL, user=ASKER),
         world.slack.add_file("scan.pdf", pdf_of_pages([[]]), channel=CHANNEL, user=ASKER),
         world.slack.add_file("contract.docx", word_zip_bomb(300 * 1024 * 1024), channel=CHANNEL, user=ASKER),
         world.slack.add_file("appendix.pdf", pdf_bomb(200 * 1024 * 1024), channel=CHANNEL, user=ASKER),
@@ -172,9 +176,10 @@ def test_each_unusable_file_is_named_in_the_thread_and_the_run_goes_on_within_th
         run = finished(world, 1)
     assert run.state == "done", run.error
     text = report_text(world, run)
-    for name in ("too-big.txt", "diagram.png", "scan.pdf", "contract.docx", "appendix.pdf"):
+    for name in ("too-big.txt", "diagram.dwg", "scan.pdf", "contract.docx", "appendix.pdf"):
         assert f"{name} was not used" in text, name
         assert any(note.startswith(f"{name} was not used") for note in run.report_json["notes"]), name
     assert "larger than the 2 MB limit" in text and "no text layer" in text
+    assert any("I can't read screenshot.png" in str(message) for message in world.slack.ephemeral_messages())
     assert [source["file"]["name"] for source in run.report_json["sources"] if source.get("file")] == ["field-notes.md"]
     assert memory.peaks and max(memory.peaks.values()) < POOL_LIMIT_MIB * 1024 * 1024, memory.peaks

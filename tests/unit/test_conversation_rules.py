@@ -306,9 +306,10 @@ def test_22_a_request_that_shares_files_is_research_reading_them() -> None:
     asked = only(decide(event(kind="mention", text="ask: what is this?", message_id="7.8", files=[PDF]), view(), SETTINGS))
     assert isinstance(asked, StartRun) and asked.mode == "chat"
     reported = run(report=REPORT)
-    follow = only(decide(reply_in_thread("compare with this", files=[PDF]), view(thread=thread(reported)), SETTINGS))
-    assert isinstance(follow, StartRun) and follow.mode == "research" and follow.files == (PDF,)
-    command = only(decide(event(kind="command", command="research", text="check it files only", files=[PDF]), view(),
+    kept, follow = decide(reply_in_thread("compare with this", files=[PDF]), view(thread=thread(reported)), SETTINGS)
+    assert kept == rules.KeepFiles(thread=THREAD, files=(PDF,))
+    assert isinstance(follow, StartRun) and follow.mode == "research"
+    command = only(decide(event(kind="command", command="research", text="check it, files only", files=[PDF]), view(),
                           SETTINGS))
     assert isinstance(command, StartRun) and command.options.files_only and command.files == (PDF,)
     reported.created_at = NOW
@@ -342,3 +343,27 @@ def test_the_rules_touch_no_database_session_queue_or_platform() -> None:
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module} | {
         alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     assert [module for module in imported if module.startswith(forbidden)] == []
+
+
+def test_22_files_shared_with_any_reply_are_kept_and_the_reply_means_what_it_says() -> None:
+    plan = run(mode="plan", report={"plan": {"key_questions": ["Why?"]}})
+    kept, approved = decide(reply_in_thread("go", files=[PDF]), view(thread=thread(plan)), SETTINGS)
+    assert isinstance(kept, rules.KeepFiles) and isinstance(approved, StartRun) and approved.plan is not None
+    busy = decide(reply_in_thread("and this?", files=[PDF]), view(thread=thread(run(state="running"))), SETTINGS)
+    assert isinstance(busy[0], rules.KeepFiles) and "already in progress" in busy[1].reply.text
+
+
+def test_22_files_only_is_a_scope_only_where_there_are_files_and_pictures_are_not_read() -> None:
+    words = only(decide(event(kind="command", command="research", text="Which files only Linux reads?"), view(),
+                        SETTINGS))
+    assert isinstance(words, StartRun) and not words.options.files_only
+    no_files = only(decide(event(kind="command", command="research", text="files only: what is in them?"), view(),
+                           SETTINGS))
+    assert isinstance(no_files, StartRun) and not no_files.options.files_only
+    picture = FileRef(file_id="F9", name="screenshot.png", mimetype="image/png")
+    assert "I can't read screenshot.png" in private_text(decide(reply_in_thread("", files=[picture]),
+                                                                view(thread=thread(run())), SETTINGS))
+    asked = decide(reply_in_thread("what about this error?", files=[picture]), view(thread=thread(run(report=REPORT))),
+                   SETTINGS)
+    assert [type(action) for action in asked] == [StartRun, Say] and asked[0].mode == "followup"
+    assert asked[1].reply.private and "I can't read screenshot.png" in asked[1].reply.text

@@ -320,3 +320,30 @@ def test_a_word_document_is_a_zip_of_the_entries_the_reader_looks_for() -> None:
         names = set(archive.namelist())
 
     assert {"word/document.xml", "[Content_Types].xml"} <= names
+
+
+def test_markdown_headings_lose_their_markers_and_a_long_line_reads_at_once() -> None:
+    document = read("notes.md", b"# Field notes\n\n## Costs ##\nText with a #hashtag.\n# a #b\n")
+    assert document.text == "Field notes\n\nCosts\nText with a #hashtag.\na #b"
+    started = time.perf_counter()
+    read("spaces.md", b"# a" + b" " * 40_000 + b"x")
+    # A heading pattern with a lazy group before optional ones took 26 s here; a hang guard, not a timing bound.
+    assert time.perf_counter() - started < 5
+
+
+def test_a_text_of_many_empty_comments_is_sniffed_at_once() -> None:
+    started = time.perf_counter()
+    document = read("comments.txt", b"<!---->" * 40 + b"x")
+    assert document.kind == "text"
+    # The comment pattern backtracked exponentially (2 s at 22 comments, doubling with each); a hang guard.
+    assert time.perf_counter() - started < 5
+
+
+def test_a_word_document_whose_parts_are_not_deflated_is_refused_before_they_inflate() -> None:
+    output = io.BytesIO()
+    with zipfile.ZipFile(output, "w", zipfile.ZIP_BZIP2) as archive:
+        archive.writestr("[Content_Types].xml", b"<Types/>")
+        archive.writestr("word/document.xml", b"0" * 1000)
+    with pytest.raises(FileRefused) as refused:
+        read("bzip.docx", output.getvalue())
+    assert refused.value.name == "bzip.docx"

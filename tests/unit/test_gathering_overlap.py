@@ -369,3 +369,22 @@ def test_a_sub_query_s_pages_are_fetched_and_read_while_a_slower_sub_query_still
     assert [state.sources[source_id].url for source_id in sorted(state.documents)] == [
         "https://fast.example/report", "https://slow.example/report"]
     assert recorder.phases_started() == ["decompose", "search", "fetch", "read", "synthesize", "verify"]
+
+
+def test_an_address_the_question_names_is_fetched_before_what_the_searches_find() -> None:
+    async def main() -> engine.ResearchState:
+        search = FakeSearchAPI(results_for=lambda provider, query: [hit("https://fast.example/report")])
+        model = FakeLLM(lambda request: decomposition([PLANNED_QUERY])(request)
+                        if request.schema_name == "decomposition" else default_research_model(request))
+        web = site({"fast.example": page("fast.example", "6,633"), "slow.example": page("slow.example", "7,744")})
+        tools = tools_for(model, search, web)
+        state = engine.ResearchState()
+        # A follow-on question (with the thread as context, so the question itself is not searched), one source.
+        options = ResearchOptions(max_seconds=30, max_rounds=1, max_sources=1, max_searches=2)
+        await engine.research(f"What does {report_url('slow.example')} say about the Zorblax turbines?",
+                              context="Earlier: a report on tidal power.", options=options, tools=tools,
+                              events=Recorder(), state=state)
+        return state
+
+    state = asyncio.run(main())
+    assert [state.sources[source_id].url for source_id in state.fetches] == ["https://slow.example/report"]

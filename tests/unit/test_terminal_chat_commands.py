@@ -219,3 +219,12 @@ def test_worker_watch_tells_once_after_the_workers_were_missing_for_the_whole_gr
         clock.advance(2.0)
     # Missing at 0 and 2, alive at 4 (the count starts again), missing from 6: told at the first look 5 s later.
     assert told == [False, False, False, False, False, False, True, False, False, False, False]
+
+
+def test_attach_takes_the_path_as_a_shell_reads_a_pasted_one() -> None:
+    from bot.console.chat import chat_command, typed_path
+
+    command = chat_command("/attach  ~/field notes/a  b.md")
+    assert command is not None and command.name == "attach" and command.rest == "~/field notes/a  b.md"
+    assert typed_path("'/tmp/my notes.md'") == typed_path("/tmp/my\\ notes.md") == "/tmp/my notes.md"
+    assert typed_path(command.rest) == "~/field notes/a  b.md"
