@@ -154,17 +154,17 @@ def _shared_files(paths: Sequence[Path]) -> list[SharedFile]:
     one that is not a readable file."""
     if not paths:
         return []
-    from storage.conversations import SharedFile
+    from bot.conversation.core import shared_files
+    from research.files import FileRef, local_file_ref
 
-    shared: dict[str, SharedFile] = {}
+    refs: dict[str, FileRef] = {}
     for path in paths:
-        resolved = path.expanduser().resolve()
-        if not resolved.is_file():
+        ref = local_file_ref(path)
+        if ref is None:
             typer.echo(f"--file {path}: there is no such file.", err=True)
             raise typer.Exit(code=2)
-        shared.setdefault(str(resolved), SharedFile(file_id=str(resolved), name=resolved.name,
-                                                    size=resolved.stat().st_size))  # once, however often named
-    return list(shared.values())
+        refs.setdefault(ref.file_id, ref)  # once, however often named
+    return list(shared_files(list(refs.values())))
 
 
 def _run_in_terminal(mode: RunMode, question: str, options: RunOptions, output_format: ExportFormat,
@@ -327,9 +327,10 @@ def research(
                                 depth="deep" if deep else "quick" if quick else None, files_only=files_only)
     if carried is not None:
         options = carried.merged(options)
-    if options.files_only and not shared:  # "files only" in the question's words, and no file to read
-        options = options.model_copy(update={"files_only": False})
-    _run_in_terminal("research", checked, options, _export_format(output_format), out, plan=steps, files=shared)
+    from bot.conversation.commands import scoped
+
+    _run_in_terminal("research", checked, scoped(options, has_files=bool(shared)), _export_format(output_format), out,
+                     plan=steps, files=shared)
 
 
 def _drafted_plan(run_id: int) -> tuple[str, RunOptions, dict[str, Any]]:

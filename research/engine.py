@@ -693,16 +693,15 @@ def _fitting_passages(llm: LLMClient, state: ResearchState, options: ResearchOpt
                       build: Callable[[list[Passage]], list[Message]], answer_tokens: int, *,
                       fast: bool) -> tuple[list[Passage], int]:
     """The passages chosen for the prompt and how many of the best were left out to fit the known window."""
-    best = read_phase.select_for_synthesis(state.plan, state.passages, options, shared=state.files.keys())
+    ranking = read_phase.rank_for_synthesis(state.plan, state.passages, options, shared=state.files.keys())
+    best = ranking.select(options.passage_token_budget)
     room = llm.prompt_room(answer_tokens, fast=fast)
     if room is None or estimate_prompt_tokens(build(best)) <= room:
         return best, 0
     # The ranker counts four characters a token, the window check three, and fences cost a little more.
     budget = int((room - estimate_prompt_tokens(build([]))) * 0.75 * FENCE_SHARE)
     while budget > 0:
-        fitted = read_phase.select_for_synthesis(state.plan, state.passages,
-                                                 options.model_copy(update={"passage_token_budget": budget}),
-                                                 shared=state.files.keys())
+        fitted = ranking.select(budget)
         if fitted and estimate_prompt_tokens(build(fitted)) <= room:
             return fitted, max(0, len(best) - len(fitted))
         budget = int(budget * 0.8)
@@ -869,13 +868,13 @@ async def _gather(run: _Run, question: str, options: ResearchOptions, budget: Bu
                     # earlier rounds found and left unfetched.
                     pages.start(list(state.sources.values()))
                     if queries:
-                        # Each query's pages are fetched (and read) as soon as it answers, while the others search on.
-                        for source in await search_phase.search(queries, router=router, on_found=pages.start):
-                            state.sources.setdefault(source.id, source)
+                        # Each query's sources are kept, and its pages fetched (and read), as soon as it answers,
+                        # while the others search on.
+                        await search_phase.search(queries, router=router, on_found=pages.start)
                 await run.progress(phase_progress("search", round_number=round_number, rounds=options.max_rounds))
             else:
                 pages.taken |= await early.choice() if early is not None else set()
-            pages.start(list(state.sources.values()))  # what earlier rounds found and left unfetched
+                pages.start(list(state.sources.values()))  # what earlier rounds found and left unfetched
             if pages.fetching or (early is not None and early.chosen):
                 async with run.phase("fetch"):
                     await asyncio.gather(pages.fetched(), *([early.fetched()] if early is not None else []))

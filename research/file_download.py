@@ -20,11 +20,10 @@ from collections.abc import Mapping, Sequence
 import httpx
 
 from research.files import FileRefused, too_large
+from research.netguard import url_origin
 
 logger = logging.getLogger(__name__)
 
-REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
-DEFAULT_PORTS = {"http": 80, "https": 443}
 # A whole download, redirects included: the client's timeouts bound each read, this bounds a slow drip.
 DOWNLOAD_TIMEOUT_SECONDS = 120.0
 # Headers that carry credentials: sent only when the caller passes them, never from the client's defaults.
@@ -39,16 +38,15 @@ Origin = tuple[str, str, int]
 
 
 def origin_of(url: str | httpx.URL) -> Origin | None:
-    """`url`'s scheme, host and port (the default port filled in); None for anything but a plain http(s) address
-    with a host (one carrying a user name or password included)."""
+    """`url`'s scheme, host and port (`research.netguard.url_origin`); None for anything but a plain http(s) address
+    with a host, and for one carrying a user name or password."""
+    text = str(url)
     try:
-        parsed = url if isinstance(url, httpx.URL) else httpx.URL(url)
+        if httpx.URL(text).userinfo:
+            return None
     except (httpx.InvalidURL, TypeError):
         return None
-    scheme = parsed.scheme.lower()
-    if scheme not in DEFAULT_PORTS or not parsed.host or parsed.userinfo:
-        return None
-    return scheme, parsed.host.lower(), parsed.port or DEFAULT_PORTS[scheme]
+    return url_origin(text)
 
 
 def status_refusal(name: str, status: int) -> FileRefused:
@@ -98,9 +96,8 @@ async def _follow(http: httpx.AsyncClient, url: str, *, name: str, allowed: set[
         # The client must not follow redirects (nor add its own auth): every hop is checked above.
         response = await http.send(request, stream=True, follow_redirects=False, auth=None)
         try:
-            location = response.headers.get("location")
-            if response.status_code in REDIRECT_STATUSES and location:
-                target = response.url.join(location)
+            if response.has_redirect_location:
+                target = response.url.join(response.headers["location"])
                 continue
             if not 200 <= response.status_code < 300:
                 raise status_refusal(name, response.status_code)

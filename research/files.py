@@ -10,6 +10,7 @@ untrusted data, like a web page's; the raw bytes are never stored.
 from __future__ import annotations
 
 import asyncio
+import bisect
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -92,12 +93,7 @@ class FileDocument(BaseModel):
         """The 1-based page that `offset` of `text` falls on; None for a file without pages."""
         if not self.page_starts:
             return None
-        page = 0
-        for index, start in enumerate(self.page_starts):
-            if start > offset:
-                break
-            page = index
-        return page + 1
+        return max(1, bisect.bisect_right(self.page_starts, offset))
 
 
 class FileDownloader(Protocol):
@@ -106,6 +102,14 @@ class FileDownloader(Protocol):
     async def download(self, ref: FileRef, *, max_bytes: int) -> bytes:
         """The file's bytes; raises `FileRefused` (naming the file) when it cannot or may not be had."""
         ...
+
+
+def local_file_ref(typed: str | Path, *, shared_by: str | None = None) -> FileRef | None:
+    """A file on this machine as a shared file (its absolute path its id), or None when there is no such file."""
+    path = Path(typed).expanduser().resolve()
+    if not path.is_file():
+        return None
+    return FileRef(file_id=str(path), name=path.name, size=path.stat().st_size, shared_by=shared_by)
 
 
 class LocalFiles:

@@ -334,16 +334,6 @@ def remember_files(sessions: Sessions, key: ThreadKey, files: Sequence[SharedFil
         return _add_files(session, conversation, files)
 
 
-def files_of_thread(sessions: Sessions, key: ThreadKey) -> list[SharedFile]:
-    """The files shared in the conversation in `key`'s thread, oldest first."""
-    with sessions() as session:
-        rows = session.execute(
-            select(ConversationFile.file_id, ConversationFile.name, ConversationFile.size, ConversationFile.mimetype,
-                   ConversationFile.url, ConversationFile.link, ConversationFile.shared_by)
-            .join(Conversation).where(*_conversation_where(key)).order_by(ConversationFile.id)).all()
-    return [SharedFile(*row) for row in rows]
-
-
 def store_status_message(sessions: Sessions, run_id: int, status_message: dict[str, Any], message_id: str) -> None:
     """Record the run's status message (a MessageRef as JSON), which reactions and buttons find it by."""
     with sessions.begin() as session:
@@ -405,7 +395,6 @@ awaiting_runs_in_workspace = off_loop(waiting_runs_in_workspace)
 adaily_quota_reached = off_loop(daily_quota_reached)
 astore_run = off_loop(store_run)
 aremember_files = off_loop(remember_files)
-afiles_of_thread = off_loop(files_of_thread)
 astore_status_message = off_loop(store_status_message)
 alatest_question = off_loop(latest_question)
 alisted_runs = off_loop(listed_runs)

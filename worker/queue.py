@@ -111,14 +111,17 @@ class Queue:
         """Stop a run: a queued one is cancelled at once, a running one is marked on its row (and flagged in Redis
         when it can be); returns the new state."""
         cancelled = cancel_run(self.sessions, run_id, by)
-        if cancelled.dequeued:
-            return cancelled.state
+        if not cancelled.dequeued:
+            self.flag_cancel(run_id, by)
+        return cancelled.state
+
+    def flag_cancel(self, run_id: int, by: str) -> None:
+        """Flag a running run, already marked cancelled on its row, in Redis, where its worker sees it soonest."""
         try:
             set_cancel_flag(self.redis, run_id, by)
         except REDIS_ERRORS as error:  # the worker's cancel watcher reads the row too
             logger.warning("cancel flag of run %s not written (%s); the worker reads the cancel from the run's row",
                            run_id, type(error).__name__)
-        return cancelled.state
 
 
 def celery_sender(settings: Any) -> SendTask:

@@ -199,7 +199,8 @@ def passages_and_sources(rows: list[StoredPassage]) -> tuple[list[FoundPassage],
     sources = {row.source_id: SearchResult(id=row.source_id, provider=row.provider or "", title=row.title or row.url,
                                            url=row.url)
                for row in rows}
-    files = {row.source_id: FileDocument.model_validate({**row.file, "text": ""}) for row in rows if row.file}
+    details = {row.source_id: row.file for row in rows if row.file}  # one per source, not per passage
+    files = {source_id: FileDocument.model_validate({**file, "text": ""}) for source_id, file in details.items()}
     return passages, sources, files
 
 

@@ -43,7 +43,7 @@ from chat.console.messenger import ConsoleMessenger, print_unbroken, renderable_
 from chat.console.render import ConsoleRenderer
 from chat.history import mode_name
 from chat.state import RunProgress, progress_of_stored_run
-from research.files import FileRef
+from research.files import FileRef, local_file_ref
 from research.report import ExportFormat, Report
 from storage.answer_drafts import AnswerDraftReader
 from storage.conversations import ThreadKey, aload_run, athread_view
@@ -379,12 +379,11 @@ class TerminalChat:
         if not typed.strip():
             self.console.print(Text(ATTACH_USAGE))
             return
-        path = Path(typed.strip()).expanduser().resolve()
-        if not path.is_file():
+        ref = local_file_ref(typed.strip(), shared_by=TERMINAL_USER)
+        if ref is None:
             self.console.print(Text(f"There is no file at {typed.strip()}. {ATTACH_USAGE}"))
             return
-        await self.say("", files=[FileRef(file_id=str(path), name=path.name, size=path.stat().st_size,
-                                          shared_by=TERMINAL_USER)])
+        await self.say("", files=[ref])
 
     async def say(self, line: str, files: list[FileRef] | None = None) -> None:
         """Hand one line (and the files shared with it) to the core in this session's thread, then follow the run it

@@ -167,6 +167,12 @@ def asks_files_only(text: str) -> bool:
     return bool(_FILES_ONLY.search(text)) or "--files-only" in text.lower().split()
 
 
+def scoped(options: RunOptions, *, has_files: bool) -> RunOptions:
+    """`options` as a run with (or without) files takes them: "files only" where no file is shared was the question's
+    words, not a scope (nothing would be read)."""
+    return options.model_copy(update={"files_only": False}) if options.files_only and not has_files else options
+
+
 def parse_request(text: str, default_mode: Mode) -> Request:
     """The request in `text`; raises UsageProblem (empty, too long, bad option)."""
     prefixed, rest = mode_prefix(text)

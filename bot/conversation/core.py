@@ -91,7 +91,7 @@ class ConversationCore:
         runs in flight are stopped instead, their threads kept until a `deepthread prune --workspace` once they end."""
         forgotten = await aforget_workspace(self.sessions, workspace, by=UNINSTALL_CANCELLER, platform=platform)
         for run_id in forgotten.running:  # marked on its row; the flag in Redis reaches its worker sooner
-            await asyncio.to_thread(self.queue.cancel, run_id, UNINSTALL_CANCELLER)
+            await asyncio.to_thread(self.queue.flag_cancel, run_id, UNINSTALL_CANCELLER)
         logger.info("deleted what was stored of a workspace the app left: %d conversations, %d messages, %d runs; "
                     "kept %d conversations with a run in flight (%d runs stopped)", forgotten.conversations,
                     forgotten.messages, forgotten.runs, forgotten.kept_conversations, len(forgotten.in_flight))
@@ -279,5 +279,4 @@ def build_core(settings: Any, messenger: Messenger, renderer: PlatformRenderer, 
 
 def shared_files(files: Sequence[FileRef]) -> tuple[SharedFile, ...]:
     """Files shared with an event, as the conversation keeps them (the workspace is the run's, not the file's)."""
-    return tuple(SharedFile(file_id=ref.file_id, name=ref.name, size=ref.size, mimetype=ref.mimetype, url=ref.url,
-                            link=ref.link, shared_by=ref.shared_by) for ref in files)
+    return tuple(SharedFile(**ref.model_dump(exclude={"workspace"})) for ref in files)

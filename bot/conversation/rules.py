@@ -282,11 +282,8 @@ def _start(event: ChatEvent, view: View, settings: CoreSettings, start: StartRun
     refusal = refusal_of(event, view, settings)
     if refusal is not None:
         return [Say(refusal, thread=start.thread)]
-    holds_files = bool(start.files or event.files or (view.thread is not None and view.thread.shared_files))
-    if start.options.files_only and not holds_files:
-        # "files only" with no file to read: the words were the question's, not a scope (nothing would be read).
-        start = dataclasses.replace(start, options=start.options.model_copy(update={"files_only": False}))
-    return [start]
+    holds_files = bool(event.files or (view.thread is not None and view.thread.shared_files))
+    return [dataclasses.replace(start, options=commands.scoped(start.options, has_files=holds_files))]
 
 
 def refusal_of(event: ChatEvent, view: View, settings: CoreSettings) -> Reply | None:

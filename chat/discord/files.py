@@ -10,7 +10,6 @@ from collections.abc import Sequence
 import httpx
 
 from research.file_download import download_from_hosts
-from research.files import too_large
 from research.files import FileRef, FileRefused
 
 HTTP_TIMEOUT_SECONDS = 30.0
@@ -22,19 +21,18 @@ class DiscordFileDownloader:
     def __init__(self, hosts: Sequence[str], http: httpx.AsyncClient | None = None) -> None:
         """Download from the origins in `hosts` (DISCORD_FILE_HOSTS) through `http` (one of its own when None)."""
         self.hosts = tuple(hosts)
-        self._owns_http = http is None
-        self.http = http or httpx.AsyncClient(timeout=HTTP_TIMEOUT_SECONDS, follow_redirects=False)
+        # Made at the first download: the Discord adapter builds this bundle too, and never downloads.
+        self._http = http
 
-    async def aclose(self) -> None:
-        """Close the HTTP client, if it was made here."""
-        if self._owns_http:
-            await self.http.aclose()
+    @property
+    def http(self) -> httpx.AsyncClient:
+        if self._http is None:
+            self._http = httpx.AsyncClient(timeout=HTTP_TIMEOUT_SECONDS, follow_redirects=False)
+        return self._http
 
     async def download(self, ref: FileRef, *, max_bytes: int) -> bytes:
-        """The attachment's bytes; raises `FileRefused` (naming it) when it is too large, its address is not on
-        Discord's CDN, or its download fails."""
-        if ref.size is not None and ref.size > max_bytes:
-            raise too_large(ref.name, max_bytes)
+        """The attachment's bytes; raises `FileRefused` (naming it) when its address is not on Discord's CDN, or its
+        download fails."""
         if not ref.url:
             raise FileRefused(ref.name, "Discord gave no address to download it from")
         return await download_from_hosts(self.http, ref.url, name=ref.name, hosts=self.hosts, max_bytes=max_bytes)

@@ -87,20 +87,20 @@ class SlackFileDownloader:
         self.client = client
         self.workspaces = workspaces
         self.hosts = tuple(hosts)
-        self._owns_http = http is None
-        self.http = http or httpx.AsyncClient(timeout=HTTP_TIMEOUT_SECONDS, follow_redirects=False)
+        # Made at the first download: the Slack adapter builds this bundle too, and never downloads. It lives as
+        # long as the worker process.
+        self._http = http
         self._own_team_id: str | None = None  # the single client's workspace, from auth.test
 
-    async def aclose(self) -> None:
-        """Close the HTTP client, if it was made here."""
-        if self._owns_http:
-            await self.http.aclose()
+    @property
+    def http(self) -> httpx.AsyncClient:
+        if self._http is None:
+            self._http = httpx.AsyncClient(timeout=HTTP_TIMEOUT_SECONDS, follow_redirects=False)
+        return self._http
 
     async def download(self, ref: FileRef, *, max_bytes: int) -> bytes:
         """The file's bytes; raises `FileRefused` (naming the file) when Slack will not describe it, it may not be
-        read, it is too large, or its download fails."""
-        if ref.size is not None and ref.size > max_bytes:
-            raise too_large(ref.name, max_bytes)
+        read, it is too large (by files.info's size), or its download fails."""
         client, team_id = await self._client_of(ref)
         file = await self._file_info(client, ref)
         refusal = file_refusal(ref.name, file, team_id=team_id, max_bytes=max_bytes)

@@ -66,6 +66,8 @@ class SharedFiles:
     async def _read(self, ref: FileRef) -> FileDocument | FileRefused:
         if self._downloader is None:
             return FileRefused(ref.name, "files cannot be read where this run works")
+        if ref.size is not None and ref.size > self._limits.max_bytes:  # as the platform declared it: not fetched
+            return too_large(ref.name, self._limits.max_bytes)
         try:
             data = await self._downloader.download(ref, max_bytes=self._limits.max_bytes)
             if len(data) > self._limits.max_bytes:

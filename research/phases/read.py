@@ -117,12 +117,26 @@ def snippet_passages(sources: list[SearchResult]) -> list[Passage]:
     return assign_passage_ids(documents)
 
 
-def select_for_synthesis(plan: Decomposition | None, passages: list[Passage], options: ResearchOptions, *,
-                         shared: Collection[str] = ()) -> list[Passage]:
-    """The best passages per sub-question within the token budget, several sources kept; the best passage of each
-    `shared` source (a file the asker shared, which they expect read) first, however the web's rank."""
+class SynthesisRanking(NamedTuple):
+    """The passages ranked for the report once (per sub-question, and each shared file's best first), so that cutting
+    them to fit a budget, as often as the model's window asks, ranks nothing again."""
+
+    ranked: dict[str, list[tuple[Passage, float]]]
+    first_sources: list[str]
+
+    def select(self, token_budget: int) -> list[Passage]:
+        """The best passages within `token_budget` (research.rank.select_passages)."""
+        if not self.ranked:
+            return []
+        return select_passages(self.ranked, token_budget, first_sources=self.first_sources)
+
+
+def rank_for_synthesis(plan: Decomposition | None, passages: list[Passage], options: ResearchOptions, *,
+                       shared: Collection[str] = ()) -> SynthesisRanking:
+    """The best passages per sub-question, several sources kept; the best passage of each `shared` source (a file the
+    asker shared, which they expect read) first, however the web's rank."""
     if not passages:
-        return []
+        return SynthesisRanking({}, [])
     questions = [sub.question + " " + " ".join(sub.queries) for sub in plan.sub_questions] if plan else [""]
     ranked = rank_passages_for_queries(questions, passages, options.passages_per_question)
     if not any(ranked.values()):
@@ -133,12 +147,17 @@ def select_for_synthesis(plan: Decomposition | None, passages: list[Passage], op
         if passage.source_id in shared:
             by_file.setdefault(passage.source_id, []).append(passage)
     if not by_file:
-        return select_passages(ranked, options.passage_token_budget)
+        return SynthesisRanking(dict(ranked), [])
     # Each file's own best passage (its first when none shares a word with the questions), ranked apart.
     asked = " ".join(questions)
     best_of_files: list[tuple[Passage, float]] = []
     for file_passages in by_file.values():
         ranking = next(iter(rank_passages_for_queries([asked], file_passages, 1).values()), [])
         best_of_files.append(ranking[0] if ranking else (file_passages[0], 0.0))
-    return select_passages({SHARED_FILES: best_of_files, **ranked}, options.passage_token_budget,
-                           first_sources=list(by_file))
+    return SynthesisRanking({SHARED_FILES: best_of_files, **ranked}, list(by_file))
+
+
+def select_for_synthesis(plan: Decomposition | None, passages: list[Passage], options: ResearchOptions, *,
+                         shared: Collection[str] = ()) -> list[Passage]:
+    """The best passages for the report within `options.passage_token_budget` (`rank_for_synthesis`)."""
+    return rank_for_synthesis(plan, passages, options, shared=shared).select(options.passage_token_budget)

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import psutil
@@ -139,3 +140,48 @@ def holds(process: psutil.Process, device: str) -> bool:
         return any(os.readlink(f"/proc/{process.pid}/fd/{fd}") == device for fd in os.listdir(f"/proc/{process.pid}/fd"))
     except OSError:  # gone meanwhile
         return False
+
+
+def status_field(pid: int, field: str) -> str | None:
+    """A field of /proc/PID/status (`VmRSS`, `VmHWM`, `State`), None when the process is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        return None
+    return None
+
+
+def status_bytes(pid: int, field: str) -> int:
+    """A memory field of /proc/PID/status in bytes (0 when the process is gone)."""
+    value = status_field(pid, field)
+    return int(value.split()[0]) * 1024 if value else 0
+
+
+class TreePeaks:
+    """Samples a process and its descendants while in use: each one's own high-water mark of resident memory
+    (VmHWM, so a spike between two samples is not missed), in bytes by pid."""
+
+    def __init__(self, root: int) -> None:
+        self.root = psutil.Process(root)
+        self.peaks: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> TreePeaks:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.02):
+            try:
+                tree = [self.root, *self.root.children(recursive=True)]
+            except psutil.Error:
+                continue
+            for process in tree:
+                self.peaks[process.pid] = max(self.peaks.get(process.pid, 0), status_bytes(process.pid, "VmHWM"))

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pexpect
 
+from tests.fakes.corpus import Corpus
 from tests.integration.workers import Cluster
 
 
@@ -26,3 +30,24 @@ def spawn_chat(cluster: Cluster, tmp_path: Path) -> pexpect.spawn:
     child.expect_exact("/help")
     child.expect("› ")
     return child
+
+
+@contextlib.contextmanager
+def chat_with_a_worker(corpus: Corpus, tmp_path: Path, redis_url: str,
+                       **cluster_options: Any) -> Iterator[tuple[Cluster, pexpect.spawn]]:
+    """A worker on a fresh Redis and SQLite database in `tmp_path`, and `deepthread chat` beside it at its prompt;
+    both stopped afterwards."""
+    from storage.redis import connect
+
+    connect(redis_url).flushall()
+    cluster = Cluster(database_url=f"sqlite:///{tmp_path}/deepthread.db", redis_url=redis_url, corpus=corpus,
+                      workdir=tmp_path, **cluster_options)
+    cluster.start_worker("w1")
+    child: pexpect.spawn | None = None
+    try:
+        child = spawn_chat(cluster, tmp_path)
+        yield cluster, child
+    finally:
+        if child is not None and child.isalive():
+            child.terminate(force=True)
+        cluster.stop()

@@ -16,6 +16,7 @@ from research.extract import extract_document
 from research.models import FetchResult
 from research.phases.read import extract_pages
 from tests.fakes.bombs import pdf_bomb, table_page
+from tests.integration.process_tree import status_bytes, status_field
 from tests.waiting import eventually, wait_for
 
 pytestmark = pytest.mark.integration
@@ -53,21 +54,6 @@ def _children() -> list[int]:
     return pids
 
 
-def _status_field(pid: int, field: str) -> str | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        return None
-    return None
-
-
-def _kibibytes(pid: int, field: str) -> int:
-    value = _status_field(pid, field)
-    return int(value.split()[0]) * 1024 if value else 0
-
-
 def _pool_children() -> set[int]:
     """This process's children that are process-pool workers (not the resource tracker or test servers)."""
     workers = set()
@@ -81,7 +67,7 @@ def _pool_children() -> set[int]:
 
 
 def _is_gone(pid: int) -> bool:
-    state = _status_field(pid, "State")
+    state = status_field(pid, "State")
     return state is None or state.startswith(("Z", "X"))
 
 
@@ -106,9 +92,9 @@ class ProcessTreeMemory:
         while True:
             children = _children()
             # VmHWM is a child's own high-water mark, so a spike between two samples is not missed.
-            peaks = [_kibibytes(pid, "VmHWM") for pid in _pool_children()]
+            peaks = [status_bytes(pid, "VmHWM") for pid in _pool_children()]
             self.largest_child_peak = max([self.largest_child_peak, *peaks])
-            total = _kibibytes(os.getpid(), "VmRSS") + sum(_kibibytes(pid, "VmRSS") for pid in children)
+            total = status_bytes(os.getpid(), "VmRSS") + sum(status_bytes(pid, "VmRSS") for pid in children)
             self.largest_tree_total = max(self.largest_tree_total, total)
             if self._stop.wait(0.02):
                 return
@@ -143,7 +129,7 @@ async def test_pdf_bomb_costs_its_page_and_the_pages_beside_it_are_read() -> Non
     bomb = pdf_bomb(200 * MIB)
     try:
         with ProcessTreeMemory() as memory:
-            tree_before = _kibibytes(os.getpid(), "VmRSS")
+            tree_before = status_bytes(os.getpid(), "VmRSS")
             documents = await extract_pages(
                 [("s1", _fetched("https://example.org/bomb.pdf", bomb, "application/pdf")),
                  ("s2", _fetched("https://example.org/bridge", ARTICLE, "text/html"))],
@@ -265,7 +251,7 @@ def test_stopping_a_pool_now_ends_its_processes_without_waiting_for_their_work(t
 
     pool.stop_now()
 
-    assert not any(Path(f"/proc/{pid}").exists() and _status_field(pid, "State") not in (None, "Z (zombie)")
+    assert not any(Path(f"/proc/{pid}").exists() and status_field(pid, "State") not in (None, "Z (zombie)")
                    for pid in children)
     with pytest.raises(CpuWorkerDied):
         stuck.result(timeout=60)

@@ -4,8 +4,6 @@ worker, real Redis, the fake Slack Web API and its file host, and the fake LLM, 
 from __future__ import annotations
 
 import re
-import threading
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +12,7 @@ from storage.models import Run
 from tests.fakes.corpus import QUESTION
 from tests.fakes.bombs import pdf_bomb
 from tests.fakes.shared_files import pdf_of_pages, proposal_docx, survey_pdf, word_zip_bomb
+from tests.integration.process_tree import TreePeaks
 from tests.integration.slack_harness import ASKER, CHANNEL, SlackWorld
 
 pytestmark = pytest.mark.integration
@@ -109,49 +108,6 @@ def test_a_reply_that_only_shares_a_file_is_acknowledged_and_files_only_searches
     third = finished(world, 3)
     assert third.mode == "followup" and third.state == "done", third.error
     assert [source["file"]["name"] for source in third.report_json["sources"] if source.get("file")] == ["field-notes.md"]
-
-
-class TreePeaks:
-    """Samples a process and its descendants: each one's own high-water mark of resident memory (VmHWM), in bytes."""
-
-    def __init__(self, root: int) -> None:
-        self.root = root
-        self.peaks: dict[int, int] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-
-    def __enter__(self) -> TreePeaks:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.02):
-            for pid in self._tree():
-                try:
-                    status = Path(f"/proc/{pid}/status").read_text()
-                except OSError:
-                    continue
-                if match := re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE):
-                    self.peaks[pid] = max(self.peaks.get(pid, 0), int(match.group(1)) * 1024)
-
-    def _tree(self) -> list[int]:
-        parents: dict[int, int] = {}
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            parents[int(stat.parent.name)] = int(fields[1])
-        tree, grown = {self.root}, True
-        while grown:
-            children = {pid for pid, parent in parents.items() if parent in tree} - tree
-            tree |= children
-            grown = bool(children)
-        return sorted(tree)
 
 
 POOL_LIMIT_MIB = 512

@@ -17,8 +17,7 @@ import pytest
 
 from research.report import parse_report_json
 from tests.fakes.corpus import QUESTION, Corpus
-from tests.integration.terminal_chat import spawn_chat
-from tests.integration.workers import Cluster
+from tests.integration.terminal_chat import chat_with_a_worker
 from tests.run_rows import all_runs, migrated_sqlite
 
 pytestmark = pytest.mark.integration
@@ -120,34 +119,21 @@ def test_a_refused_file_is_named_in_the_report_and_the_run_ends_done(corpus: Cor
 
 def test_attach_in_the_chat_shares_the_file_and_files_only_research_cites_it(tmp_path: Path, redis_url: str,
                                                                               notes: Path) -> None:
-    from storage.redis import connect
+    with Corpus() as corpus, chat_with_a_worker(corpus, tmp_path, redis_url) as (cluster, child):
+        child.sendline("/attach notes.md")
+        child.expect_exact("I'll use notes.md in this thread")
+        child.expect("› ")
+        assert all_runs(cluster.sessions) == [], "sharing a file starts nothing"
 
-    connect(redis_url).flushall()
-    with Corpus() as corpus:
-        cluster = Cluster(database_url=f"sqlite:///{tmp_path}/deepthread.db", redis_url=redis_url, corpus=corpus,
-                          workdir=tmp_path)
-        cluster.start_worker("w1")
-        child: pexpect.spawn | None = None
-        try:
-            child = spawn_chat(cluster, tmp_path)
-            child.sendline("/attach notes.md")
-            child.expect_exact("I'll use notes.md in this thread")
-            child.expect("› ")
-            assert all_runs(cluster.sessions) == [], "sharing a file starts nothing"
-
-            child.sendline(f"files only: {QUESTION}")
-            child.expect(r"Run (\d+) · research")
-            run_id = int(child.match.group(1))
-            child.expect_exact("notes.md (Markdown, shared file)")
-            child.expect("› ")
-            [run] = all_runs(cluster.sessions)
-            assert (run.id, run.mode, run.state) == (run_id, "research", "done")
-            assert run.options.files_only
-            assert "notes.md (Markdown, shared file)" in run.report_markdown
-            assert corpus.search.requests("brave") == []
-            child.sendline("/quit")
-            child.expect(pexpect.EOF)
-        finally:
-            if child is not None and child.isalive():
-                child.terminate(force=True)
-            cluster.stop()
+        child.sendline(f"files only: {QUESTION}")
+        child.expect(r"Run (\d+) · research")
+        run_id = int(child.match.group(1))
+        child.expect_exact("notes.md (Markdown, shared file)")
+        child.expect("› ")
+        [run] = all_runs(cluster.sessions)
+        assert (run.id, run.mode, run.state) == (run_id, "research", "done")
+        assert run.options.files_only
+        assert "notes.md (Markdown, shared file)" in run.report_markdown
+        assert corpus.search.requests("brave") == []
+        child.sendline("/quit")
+        child.expect(pexpect.EOF)

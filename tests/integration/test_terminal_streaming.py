@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pexpect
 import pytest
 from sqlalchemy import select
 
@@ -15,7 +14,7 @@ from tests.fakes.corpus import QUESTION, Corpus
 from tests.fakes.llm import UNRELATED_SENTENCE, ChatRequest, HandlerResult, cite, passages_in, sentences
 from tests.fakes.terminal import screen_left_by
 from tests.integration.streamed_answers import CHAT_ANSWER, CHAT_QUESTION, FOLLOW_UP, honest_judge_model
-from tests.integration.terminal_chat import spawn_chat
+from tests.integration.terminal_chat import chat_with_a_worker
 from tests.integration.workers import Cluster
 
 pytestmark = pytest.mark.integration
@@ -44,41 +43,28 @@ def newest_run(cluster: Cluster) -> Run:
 
 def test_the_terminal_shows_answers_as_they_are_written_then_the_audited_answer(tmp_path: Path,
                                                                                 redis_url: str) -> None:
-    from storage.redis import connect
+    with (Corpus(llm_handler=brief_follow_ups, llm_chunk_delay=CHUNK_DELAY_SECONDS) as corpus,
+          chat_with_a_worker(corpus, tmp_path, redis_url) as (cluster, child)):
+        child.sendline(f"/ask {CHAT_QUESTION}")
+        child.expect("the Moon pulls")  # the answer's first sentence, still being written
+        chat = newest_run(cluster)
+        assert chat.mode == "chat" and chat.state == "running", "the first words appear before the run ends"
+        child.expect("› ")
+        assert " ".join(CHAT_ANSWER.split()[-6:]) in screen_left_by(child.before)
 
-    connect(redis_url).flushall()
-    with Corpus(llm_handler=brief_follow_ups) as corpus:
-        corpus.llm.chunk_delay = CHUNK_DELAY_SECONDS
-        cluster = Cluster(database_url=f"sqlite:///{tmp_path}/deepthread.db", redis_url=redis_url, corpus=corpus,
-                          workdir=tmp_path)
-        cluster.start_worker("w1")
-        child: pexpect.spawn | None = None
-        try:
-            child = spawn_chat(cluster, tmp_path)
-            child.sendline(f"/ask {CHAT_QUESTION}")
-            child.expect("the Moon pulls")  # the answer's first sentence, still being written
-            chat = newest_run(cluster)
-            assert chat.mode == "chat" and chat.state == "running", "the first words appear before the run ends"
-            child.expect("› ")
-            assert " ".join(CHAT_ANSWER.split()[-6:]) in screen_left_by(child.before)
+        child.sendline(f"/research {QUESTION}")
+        child.expect("sentences verified")
+        child.expect("› ")
 
-            child.sendline(f"/research {QUESTION}")
-            child.expect("sentences verified")
-            child.expect("› ")
-
-            child.sendline(FOLLOW_UP)
-            child.expect(RAW_CITATION)  # the draft, cited as the model writes it
-            follow_up = newest_run(cluster)
-            assert follow_up.mode == "followup" and follow_up.state == "running", "the draft appears before the run ends"
-            child.expect("unverified")
-            child.expect("› ")
-            child.logfile_read.flush()
-            follow_up = cluster.run(follow_up.id)
-            assert follow_up.state == "done", follow_up.error
-        finally:
-            if child is not None and child.isalive():
-                child.terminate(force=True)
-            cluster.stop()
+        child.sendline(FOLLOW_UP)
+        child.expect(RAW_CITATION)  # the draft, cited as the model writes it
+        follow_up = newest_run(cluster)
+        assert follow_up.mode == "followup" and follow_up.state == "running", "the draft appears before the run ends"
+        child.expect("unverified")
+        child.expect("› ")
+        child.logfile_read.flush()
+        follow_up = cluster.run(follow_up.id)
+        assert follow_up.state == "done", follow_up.error
     # Read as bytes: text mode would turn each carriage return of a redraw into a line feed.
     screen = screen_left_by((tmp_path / "chat.log").read_bytes().decode("utf-8", errors="replace"))
     answer = screen[screen.rindex(f"› {FOLLOW_UP}"):]  # all the follow-up left on screen, from its prompt on

@@ -245,14 +245,18 @@ def test_a_pdf_bomb_is_refused_before_its_page_is_parsed() -> None:
     assert time.monotonic() - started < 5
 
 
-def test_a_zip_bomb_named_docx_is_refused_by_its_declared_size_before_anything_inflates() -> None:
-    bomb = word_zip_bomb(300 * MIB)
+def refusal_and_peak_memory(name: str, data: bytes) -> tuple[str, int]:
+    """The refusal of `data`, and the most memory Python allocated while reading it."""
     tracemalloc.start()
     try:
-        reason = refusal("plans.docx", bomb)
-        peak = tracemalloc.get_traced_memory()[1]
+        reason = refusal(name, data)
+        return reason, tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
+
+
+def test_a_zip_bomb_named_docx_is_refused_by_its_declared_size_before_anything_inflates() -> None:
+    reason, peak = refusal_and_peak_memory("plans.docx", word_zip_bomb(300 * MIB))
 
     assert reason == "plans.docx was not used: it unpacks to more than 64 MB, more than deepthread reads (a ZIP bomb?)."
     assert peak < 4 * MIB
@@ -276,13 +280,7 @@ def test_a_zip_whose_entries_inflate_past_the_cap_is_refused_while_inflating() -
 
 def test_a_zip_that_lies_about_its_sizes_is_never_inflated_whole() -> None:
     # zipfile would inflate the whole 200 MiB stream before cutting it at the declared 1000 bytes.
-    bomb = lying_word_zip(200 * MIB)
-    tracemalloc.start()
-    try:
-        reason = refusal("liar.docx", bomb)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    reason, peak = refusal_and_peak_memory("liar.docx", lying_word_zip(200 * MIB))
 
     assert reason == "liar.docx was not used: it could not be read as a Word document (it may be damaged)."
     assert peak < 16 * MIB

@@ -74,3 +74,20 @@ def test_a_run_reads_the_newest_files_and_knows_older_ones_were_left_out() -> No
 
     shared = asyncio.run(main())
     assert [ref.name for ref in shared.refs] == ["f2.txt", "f3.txt"] and shared.skipped == 1
+
+
+class NoDownloads:
+    """A downloader that must not be asked."""
+
+    async def download(self, ref: FileRef, *, max_bytes: int) -> bytes:
+        raise AssertionError(f"{ref.name} was downloaded")
+
+
+def test_a_file_its_platform_declares_too_large_is_refused_without_a_download() -> None:
+    async def main() -> list[tuple[FileRef, FileDocument | FileRefused]]:
+        shared = files_phase.SharedFiles([FileRef(file_id="1", name="big.pdf", size=5_000)], downloader=NoDownloads(),
+                                         limits=files_phase.FileLimits(max_bytes=1_000), cpu_pool=None)
+        return await shared.results()
+
+    [(_ref, refused)] = asyncio.run(main())
+    assert isinstance(refused, FileRefused) and refused.why == "it is larger than the 1000 bytes limit"
