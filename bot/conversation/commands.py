@@ -46,6 +46,7 @@ _HELP = re.compile(r"^\s*(?:help|\?)\s*$", re.IGNORECASE)
 # …"), in brackets, or after a comma at the end ("…, files only").
 _FILES_ONLY = re.compile(r"^\s*files?[ -]only\s*[:,.!-]|^\s*files?[ -]only\s*$|[(\[]\s*files?[ -]only\s*[)\]]"
                          r"|[,;]\s*files?[ -]only\s*[.!]?\s*$", re.IGNORECASE)
+_LEADING_FILES_ONLY = re.compile(r"^\s*files?[ -]only\s*[:,.!-]\s*", re.IGNORECASE)
 _HISTORY = re.compile(r"^\s*history\s*[.!?]*\s*$", re.IGNORECASE)
 _EXPORT = re.compile(r"^\s*export(?:\s+(?:as\s+)?(md|markdown|html|json))?\s*[.!]*\s*$", re.IGNORECASE)
 # What each word that _MODE_PREFIX and _EXPORT admit asks for.
@@ -157,9 +158,12 @@ def parse_options(text: str) -> tuple[str, dict[str, Any]]:
             sites.append(domain)
     if sites:
         options["sites"] = sites
-    if asks_files_only(" ".join(kept)):
+    question = " ".join(kept)
+    if asks_files_only(question):
         options["files_only"] = True
-    return " ".join(kept), options
+        # The scope said before the question is no part of it (it would title the report).
+        question = _LEADING_FILES_ONLY.sub("", question, count=1)
+    return question, options
 
 
 def asks_files_only(text: str) -> bool:

@@ -319,6 +319,7 @@ def test_22_a_request_that_shares_files_is_research_reading_them() -> None:
     assert isinstance(follow_up, StartRun) and follow_up.mode == "followup"
     scoped = only(decide(reply_in_thread("files only: and the price?"), view(thread=after_report), SETTINGS))
     assert isinstance(scoped, StartRun) and scoped.mode == "research" and scoped.options.files_only
+    assert scoped.question == "and the price?"  # the scope said first is no part of the question
     newer = dataclasses.replace(after_report, newest_file_at=reported.created_at + dt.timedelta(minutes=1))
     reread = only(decide(reply_in_thread("and the price?"), view(thread=newer), SETTINGS))
     assert isinstance(reread, StartRun) and reread.mode == "research"
