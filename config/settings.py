@@ -139,6 +139,13 @@ class Settings(BaseSettings):
     daily_runs_per_user: int = Field(default=50, ge=0)
     daily_cost_per_workspace: float = Field(default=0.0, ge=0)
     admin_user_ids: CommaList = Field(default_factory=list)
+    # Watches (research that comes back on its own): how often Celery beat asks the workers for due watches, how
+    # long a claim of a due watch holds (on the database's clock), how many active watches a workspace may have
+    # (0 is off), and the shortest interval a watch may repeat at.
+    watch_tick_seconds: float = Field(default=60, gt=0)
+    watch_claim_seconds: float = Field(default=120, gt=0)
+    watch_max_per_workspace: int = Field(default=20, ge=0)
+    watch_min_interval: Literal["daily", "weekly", "monthly"] = "daily"
 
     slack_bot_token: SecretStr | None = None
     slack_app_token: SecretStr | None = None

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 # The newest migration's revision (tests/integration/test_migrations.py checks it is Alembic's head).
-HEAD_REVISION = "0009"
+HEAD_REVISION = "0010"
 # Alembic's own table of the revision a database is at, as Alembic creates it.
 _ALEMBIC_VERSION = Table("alembic_version", MetaData(), Column("version_num", String(32), nullable=False),
                          PrimaryKeyConstraint("version_num", name="alembic_version_pkc"))

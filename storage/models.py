@@ -12,7 +12,7 @@ from sqlalchemy.orm import Mapped, mapped_column, relationship
 import storage.installations  # noqa: F401
 from storage.base import Base, ModelJSON
 from storage.base import UTCDateTime as UTCDateTime  # the migrations name the column type storage.models.UTCDateTime
-from storage.vocabulary import TERMINAL_STATES, DeliveredMessage, RunMode, RunOptions, RunState
+from storage.vocabulary import TERMINAL_STATES, DeliveredMessage, RunMode, RunOptions, RunState, WatchSchedule, WatchState
 
 
 def utcnow() -> dt.datetime:
@@ -122,6 +122,8 @@ class Run(Base):
     delivery_retry_at: Mapped[dt.datetime | None]
     delivery_given_up_at: Mapped[dt.datetime | None]
     celery_task_id: Mapped[str | None] = mapped_column(String(64))
+    # The watch that fired this run (None: a person asked for it).
+    watch_id: Mapped[int | None] = mapped_column(ForeignKey("watches.id", ondelete="SET NULL"), index=True)
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     lease_until: Mapped[dt.datetime | None]
     lease_owner: Mapped[str | None] = mapped_column(String(128))
@@ -189,6 +191,8 @@ class Source(Base):
     fetch_reason: Mapped[str | None] = mapped_column(Text)
     # A shared file's kind, size and SHA-256 (`research.report.SourceFile`); None for a web source.
     file: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # SHA-256 of the text read from the source (None: only its search snippet was seen): a watch's next run compares it.
+    checksum: Mapped[str | None] = mapped_column(String(64))
 
     run: Mapped[Run] = relationship(back_populates="sources")
     passages: Mapped[list[Passage]] = relationship(back_populates="source", passive_deletes=True)
@@ -261,3 +265,44 @@ class Feedback(Base):
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
+
+
+class Watch(Base):
+    """A research question that comes back on its own schedule, and says what changed since its previous run.
+
+    Times are judged on the database's clock: `next_due_at` is the next moment it fires (UTC), and a beat's tick
+    claims a due watch for `claimed_until` before firing it, so two beats, many workers or clocks that disagree fire
+    each due time once. `thread` is where the watch was made (the report's thread); each run opens a thread of its own
+    in `channel`, or posts in `thread` when `one_thread` is set.
+    """
+
+    __tablename__ = "watches"
+    __table_args__ = (
+        Index("ix_watches_state_next_due", "state", "next_due_at"),
+        Index("ix_watches_place", "platform", "workspace", "channel"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    platform: Mapped[str] = mapped_column(String(16))
+    workspace: Mapped[str] = mapped_column(String(64))
+    channel: Mapped[str] = mapped_column(String(64))
+    thread: Mapped[str] = mapped_column(String(64))
+    visibility: Mapped[str] = mapped_column(String(16), default="private", server_default=text("'private'"))
+    created_by: Mapped[str] = mapped_column(String(64))
+    question: Mapped[str] = mapped_column(Text)
+    options: Mapped[RunOptions] = mapped_column(ModelJSON(RunOptions), default=lambda: RunOptions())
+    schedule: Mapped[WatchSchedule] = mapped_column(ModelJSON(WatchSchedule))
+    one_thread: Mapped[bool] = mapped_column(Boolean, default=False)
+    state: Mapped[WatchState] = mapped_column(String(16), default="active")
+    stopped_reason: Mapped[str | None] = mapped_column(Text)
+    next_due_at: Mapped[dt.datetime]
+    claimed_by: Mapped[str | None] = mapped_column(String(128))
+    claimed_until: Mapped[dt.datetime | None]
+    # The run the watch was made from, and the latest it fired: the next run's changes are computed against the
+    # newest of them that finished with a report.
+    # (Plain ids, no foreign keys: runs name their watch, and two tables naming each other cannot be created in order.)
+    origin_run_id: Mapped[int | None] = mapped_column(Integer)
+    last_run_id: Mapped[int | None] = mapped_column(Integer)
+    last_fired_at: Mapped[dt.datetime | None]
+    fired: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)

@@ -3,9 +3,11 @@ and the models of its JSON columns."""
 
 from __future__ import annotations
 
+import datetime as dt
+import zoneinfo
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 RunState = Literal["queued", "running", "done", "failed", "cancelled", "timed_out"]
 RunMode = Literal["research", "plan", "chat", "followup"]
@@ -85,3 +87,80 @@ class DeliveredMessage(BaseModel):
     ref: dict[str, Any] | None = None
     streamed: bool = False
     final: bool = False
+
+
+WatchState = Literal["active", "paused", "stopped"]
+Cadence = Literal["daily", "weekly", "monthly"]
+CADENCES: tuple[Cadence, ...] = ("daily", "weekly", "monthly")
+CADENCE_DAYS: dict[Cadence, int] = {"daily": 1, "weekly": 7, "monthly": 28}  # the shortest gap between two firings
+WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
+
+
+class WatchSchedule(BaseModel):
+    """When a watch fires, as its owner chose it: daily, weekly (on `weekday`, 0 is Monday) or monthly (on `day`, the
+    month's last day when it has fewer), at `hour`:`minute` wall-clock time in the IANA time zone `timezone`.
+
+    Stored as JSON on the watch's row (`watches.schedule`); `next_after` is the only arithmetic of time zones.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    cadence: Cadence
+    hour: int = Field(ge=0, le=23)
+    minute: int = Field(default=0, ge=0, le=59)
+    weekday: int | None = Field(default=None, ge=0, le=6)
+    day: int | None = Field(default=None, ge=1, le=31)
+    timezone: str = "UTC"
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, value: str) -> str:
+        zone_of(value)
+        return value
+
+    @model_validator(mode="after")
+    def _day_for_its_cadence(self) -> WatchSchedule:
+        if self.cadence == "weekly" and self.weekday is None:
+            raise ValueError("a weekly watch needs its weekday")
+        if self.cadence == "monthly" and self.day is None:
+            raise ValueError("a monthly watch needs its day of the month")
+        return self
+
+    def next_after(self, moment: dt.datetime) -> dt.datetime:
+        """The first firing strictly after `moment` (aware), in UTC. A wall-clock time that a daylight-saving change
+        skips fires at the same offset as before the change; one it repeats fires once, the first time."""
+        zone = zone_of(self.timezone)
+        day = moment.astimezone(zone).date()
+        for _ in range(400):
+            if self._fires_on(day):
+                local = dt.datetime.combine(day, dt.time(self.hour, self.minute), tzinfo=zone)
+                firing = local.astimezone(dt.timezone.utc)
+                if firing > moment:
+                    return firing
+            day += dt.timedelta(days=1)
+        raise AssertionError("no firing in 400 days")  # every cadence fires at least once a month
+
+    def _fires_on(self, day: dt.date) -> bool:
+        if self.cadence == "daily":
+            return True
+        if self.cadence == "weekly":
+            return day.weekday() == self.weekday
+        last_day = (day.replace(day=28) + dt.timedelta(days=4)).replace(day=1) - dt.timedelta(days=1)
+        return day.day == min(self.day or 1, last_day.day)
+
+    def describe(self) -> str:
+        """`every Monday at 09:00 (Europe/Paris)`, as people read it."""
+        at = f"{self.hour:02d}:{self.minute:02d} ({self.timezone})"
+        if self.cadence == "daily":
+            return f"every day at {at}"
+        if self.cadence == "weekly":
+            return f"every {WEEKDAYS[self.weekday or 0]} at {at}"
+        return f"on day {self.day} of every month at {at}"
+
+
+def zone_of(name: str) -> dt.tzinfo:
+    """The IANA time zone `name`; raises ValueError naming it when there is no such zone."""
+    try:
+        return zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError) as error:
+        raise ValueError(f"unknown time zone {name!r} (an IANA name, like Europe/Paris)") from error
