@@ -23,6 +23,7 @@ import httpx
 from pydantic import BaseModel
 
 from research.budget import Budget, CancelToken, EventSink, ResearchOptions
+from research.changes import text_checksum
 from research.errors import DeepthreadError, internal_error_reason
 from research.events import (
     Aborted,
@@ -395,12 +396,13 @@ async def _add_shared_files(run: _Run, shared: files_phase.SharedFiles, registry
             await run.sink(Warning_(phase="read", message=read.plain_reason, detail={"file": ref.name}))
             state.notes.append(read.plain_reason)
             continue
+        checksum = text_checksum(read.text)  # of the text as read, before it is defused, as a web page's is
         # Defused here, page by page, so that a PDF's pages still match its passages' offsets.
         read, tainted = files_phase.defused(read)
         state.tainted_words |= tainted
         source = files_phase.register(registry, ref, read)
         state.sources[source.id] = source
-        documents[source.id] = files_phase.as_document(read, source.url)
+        documents[source.id] = files_phase.as_document(read, source.url, checksum=checksum)
         read_files[source.id] = read
     if shared.skipped:
         note = (f"Only the newest {len(shared.refs)} files shared in this conversation were read; older ones were "

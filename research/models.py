@@ -69,6 +69,8 @@ class Document(BaseModel):
     title: str | None = None
     author: str | None = None
     published: str | None = None
+    # SHA-256 (hex) of the whole text read, before it is defused and cut into passages; None for a snippet.
+    checksum: str | None = None
 
 
 class Passage(BaseModel):

@@ -64,6 +64,7 @@ class SourceFinding(NamedTuple):
     fetch_status: str | None
     fetch_reason: str | None
     file: dict[str, Any] | None = None  # a shared file's kind, size and SHA-256
+    checksum: str | None = None  # SHA-256 of the text read from it; None when only its snippet was seen
 
 
 class PassageFinding(NamedTuple):

@@ -250,11 +250,12 @@ def findings_of(state: engine.ResearchState) -> Findings:
     sources = []
     for source_id, found in state.sources.items():
         outcome = state.fetches.get(source_id)
+        read = state.documents.get(source_id)
         sources.append(SourceFinding(
             source_id=source_id, url=found.url, title=found.title, snippet=found.snippet, provider=found.provider,
             published=found.published.isoformat() if found.published else None,
             fetch_status=outcome.status if outcome else None, fetch_reason=outcome.reason if outcome else None,
-            file=_file_details(state.files.get(source_id))))
+            file=_file_details(state.files.get(source_id)), checksum=read.checksum if read is not None else None))
     passages = [PassageFinding(passage_id=found.id, source_id=found.source_id, text=found.text, start=found.start,
                                end=found.end, is_snippet=found.is_snippet, page=found.page) for found in state.passages]
     citations = [CitationFinding(sentence=verdict.sentence, verdict=verdict.stored_verdict, passage_id=verdict.passage_id)

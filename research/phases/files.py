@@ -129,10 +129,10 @@ def register(registry: SourceRegistry, ref: FileRef, document: FileDocument) -> 
     return registry.add_file(file_source(ref, document), key=f"file:{ref.file_id}")
 
 
-def as_document(document: FileDocument, url: str) -> Document:
-    """The file's text as the passages are cut from it."""
+def as_document(document: FileDocument, url: str, *, checksum: str | None = None) -> Document:
+    """The file's text as the passages are cut from it, with the checksum of the text as read (`text_checksum`)."""
     kind: DocumentKind = "pdf" if document.kind == "pdf" else "html" if document.kind == "html" else "text"
-    return Document(url=url, kind=kind, text=document.text, title=document.title or document.name)
+    return Document(url=url, kind=kind, text=document.text, title=document.title or document.name, checksum=checksum)
 
 
 def with_pages(passages: list[Passage], files: dict[str, FileDocument]) -> list[Passage]:

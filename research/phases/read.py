@@ -13,6 +13,7 @@ from concurrent.futures import Executor
 from typing import NamedTuple
 
 from research.budget import ResearchOptions
+from research.changes import text_checksum
 from research.cpu import run_cpu
 from research.models import Document, FetchResult, Passage, SearchResult
 from research.passages import assign_passage_ids
@@ -28,7 +29,8 @@ SHARED_FILES = "shared files"
 
 
 async def extract_page(source_id: str, page: FetchResult, *, cpu_pool: Executor | None) -> Document | None:
-    """The page's main text, extracted in the CPU pool; None when nothing is readable or extraction failed, was killed or ran out of memory."""
+    """The page's main text, extracted in the CPU pool, with its checksum; None when nothing is readable or extraction
+    failed, was killed or ran out of memory."""
     url = page.final_url or page.url
     try:
         document = await run_cpu(extract_document, url, page.body, page.content_type, pool=cpu_pool)
@@ -36,7 +38,9 @@ async def extract_page(source_id: str, page: FetchResult, *, cpu_pool: Executor 
         # The error's type only (parsers quote the page), and the source id, not a URL the question may have held.
         logger.warning("no text from %s: %s", source_id, type(error).__name__)
         return None
-    return document if document is not None and document.text.strip() else None
+    if document is None or not document.text.strip():
+        return None
+    return document.model_copy(update={"checksum": text_checksum(document.text)})
 
 
 async def extract_pages(pages: list[tuple[str, FetchResult]], *, cpu_pool: Executor | None) -> dict[str, Document]:
