@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
     from bot.conversation.core import ConversationCore
     from bot.platform import PlatformBundle
+    from bot.supervisor import Child
     from config import Settings
     from research.report import ExportFormat
     from storage.conversations import SharedFile
@@ -358,18 +359,26 @@ def plan_command(question: str = typer.Argument(..., help="The question to plan 
 
 @app.command()
 def runs(limit: int = typer.Option(20, "--limit", help="How many of the latest runs to list.", metavar="N")) -> None:
-    """List recent runs: id, state, mode, when, 👍/👎 feedback counts, and the question (cut to fit the terminal)."""
+    """List recent runs: id, state, mode, when, 👍/👎 feedback counts, and the question (cut to fit the terminal);
+    then the watches, each with its state, next run and schedule."""
     import shutil
 
-    from storage.runs import RUNS_HEADER, RUNS_WIDTH, recent_runs
+    from storage.runs import RUNS_HEADER, RUNS_WIDTH, WATCHES_HEADER, recent_runs, watch_lines
 
     settings = settings_or_exit()
+    sessions = _database(settings)
     # COLUMNS, else the terminal's width; piped, 80 columns.
     width = shutil.get_terminal_size((RUNS_WIDTH, 24)).columns
-    lines = recent_runs(_database(settings), limit, width)
+    lines = recent_runs(sessions, limit, width)
     typer.echo(RUNS_HEADER if lines else "No runs yet.")
     for line in lines:
         typer.echo(line)
+    watches = watch_lines(sessions, width)
+    if watches:
+        typer.echo()
+        typer.echo(WATCHES_HEADER)
+        for line in watches:
+            typer.echo(line)
 
 
 @app.command()
@@ -431,7 +440,9 @@ def prune(
         typer.echo(f"{verb} {'what is' if counts.kept_conversations else 'everything'} stored of workspace {workspace}: "
                    f"{amount(counts.conversations, 'conversation')}, with {amount(counts.messages, 'message')} and {amount(counts.runs, 'run')} (with "
                    f"{amount(counts.sources, 'source')}, {amount(counts.passages, 'passage')}, "
-                   f"{amount(counts.citations, 'citation')} and {amount(counts.events, 'event')}).")
+                   f"{amount(counts.citations, 'citation')} and {amount(counts.events, 'event')})"
+                   + (f", and {counts.watches:,} watch{'' if counts.watches == 1 else 'es'}." if counts.watches
+                      else "."))
         if counts.kept_conversations:
             typer.echo(f"{'Would keep' if dry_run else 'Kept'} {amount(counts.kept_conversations, 'conversation')}: "
                        f"a run is still in flight ({amount(len(counts.in_flight), 'run')} "
@@ -517,8 +528,22 @@ def _chat(worker_log: Path | None = None) -> None:
 
 @app.command()
 def up() -> None:
-    """Run deepthread: migrate, start a worker and every adapter whose tokens are set (or the terminal chat)."""
+    """Run deepthread: migrate, start a worker, the scheduler of watches (beat) and every adapter whose tokens are set
+    (or the terminal chat)."""
     _up()
+
+
+def up_children(settings: Settings, adapters: Sequence[str], *, interactive: bool,
+                worker_argv: list[str] | None = None) -> list[Child]:
+    """What `up` supervises: a worker (`worker_argv` instead of `deepthread worker`), the beat that sends it the watch
+    tick, and the adapters; with the chat on screen, the worker and the beat write to DATA_DIR/logs instead."""
+    from bot.supervisor import Child
+
+    logs = Path(settings.data_dir) / "logs"
+    children = [Child("worker", log_path=logs / "worker.log" if interactive else None, argv=worker_argv),
+                Child("beat", log_path=logs / "beat.log" if interactive else None)]
+    children.extend(Child(adapter) for adapter in adapters)
+    return children
 
 
 def _up(worker_argv: list[str] | None = None) -> None:
@@ -528,7 +553,7 @@ def _up(worker_argv: list[str] | None = None) -> None:
     worker stops in the background (`Supervisor.stop_in_background`); otherwise `up` exits once its children have."""
     import os
 
-    from bot.supervisor import Child, Supervisor, ignore_stop_signals, interrupt_on_stop_signals
+    from bot.supervisor import Supervisor, ignore_stop_signals, interrupt_on_stop_signals
 
     settings = settings_or_exit()
     _require_llm(settings)
@@ -537,8 +562,7 @@ def _up(worker_argv: list[str] | None = None) -> None:
     interactive = not adapters and sys.stdin.isatty()
     logs = Path(settings.data_dir) / "logs"
     # With the chat on screen, the children write to files: nothing may print over the conversation.
-    children = [Child("worker", log_path=logs / "worker.log" if interactive else None, argv=worker_argv)]
-    children.extend(Child(adapter) for adapter in adapters)
+    children = up_children(settings, adapters, interactive=interactive, worker_argv=worker_argv)
     supervisor = Supervisor(children)
     interrupt_on_stop_signals()
     try:  # a signal while the children start still stops the ones already started
@@ -551,7 +575,8 @@ def _up(worker_argv: list[str] | None = None) -> None:
             if not adapters:
                 tokens = " or ".join(bundle.missing_setting for bundle in platform_bundles() if bundle.adapter_command)
                 typer.echo(f"No platform is configured ({tokens}) and no terminal is attached: running the "
-                           "worker only. Use `deepthread research \"question\"` or `deepthread chat`.", err=True)
+                           "worker and beat only. Use `deepthread research \"question\"` or `deepthread chat`.",
+                           err=True)
             supervisor.wait()
     except KeyboardInterrupt:
         pass
@@ -589,6 +614,17 @@ def worker_command(
     configure_logging(settings)
     celery = configure(settings, platforms=platform_bundles())
     celery.worker_main(worker_argv(settings, hostname=hostname))
+
+
+@app.command("beat")
+def beat_command() -> None:
+    """Start the scheduler of watches (Celery beat): every WATCH_TICK_SECONDS it asks the workers to start the watches
+    that are due. Two running at once do no harm."""
+    from worker.beat import beat_app, beat_argv
+
+    settings = settings_or_exit()
+    configure_logging(settings)
+    beat_app(settings).start(beat_argv(settings))
 
 
 IF_CONFIGURED_HELP = "Without this platform's token, say so and exit 0 instead of failing (for compose)."

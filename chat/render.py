@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 from chat.history import RunHistory
 from chat.message import Content, FileUpload
 from chat.state import RunProgress
+from chat.watches import WatchListing
 from research.report import Report
 
 # Where a reply names the person it is about (`Reply.person`); each renderer writes its platform's mention there.
@@ -45,6 +46,11 @@ class PlatformRenderer(Protocol):
 
     def history(self, history: RunHistory) -> Content:
         """A person's run history (question, state, date, a link to each run's thread where the platform has one)."""
+        ...
+
+    def watches(self, listing: WatchListing) -> Content:
+        """A channel's watches (question, schedule, next run, owner), with pause, resume and delete buttons on those
+        the person may change, where the platform has buttons."""
         ...
 
 

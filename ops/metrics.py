@@ -119,6 +119,9 @@ class Metrics:
                                                registry=registry)
         self.feedback = Counter("deepthread_feedback", "👍/👎 clicks on reports and answers, by verdict (good, bad).",
                                 ["verdict"], registry=registry)
+        self.watch_runs = Counter("deepthread_watch_runs", "Due times of watches, by what became of them (fired: a run "
+                                  "started; skipped: a quota, a cap or a busy thread refused it; failed: an error).",
+                                  ["outcome"], registry=registry)
 
     def run_started(self, *, mode: str, created_at: dt.datetime | None = None, started_at: dt.datetime | None = None,
                     first_attempt: bool = True, clock: Clock = time.monotonic) -> RunObserver:

@@ -30,6 +30,7 @@ from research.markdown import (
     replaced,
 )
 
+from research.changes import Change
 from research.models import ModelUsage
 
 STOPPED_BY_USER_LINE = "[Research stopped by user]"
@@ -123,6 +124,17 @@ class UsageSummary(BaseModel):
         return any(usage.estimated_calls for usage in self.llm.values())
 
 
+class WatchComparison(BaseModel):
+    """How a watch's run compares with the watch's previous run (`previous_run_id`, finished `since`): the changes
+    deepthread computed itself (`research.changes`); the report opens with them, each cited."""
+
+    previous_run_id: int
+    since: dt.datetime | None = None
+    changes: list[Change] = Field(default_factory=list)
+    watch_id: int | None = None
+    schedule: str = ""  # when the watch runs, in words
+
+
 class Report(BaseModel):
     """A finished (or partial) report: body with `[n]` citations, sources, cited passages, audit and usage."""
 
@@ -147,6 +159,7 @@ class Report(BaseModel):
     written_by_ai: bool = True
     # What the reader should know about how it was made, in plain words (e.g. passages left out to fit the model).
     notes: list[str] = Field(default_factory=list)
+    watch: WatchComparison | None = None  # a watch's run: what changed since its previous one
     created_at: dt.datetime = Field(default_factory=_now)
 
     @model_validator(mode="after")
@@ -352,7 +365,17 @@ def footer_lines(report: Report) -> list[str]:
     """The lines under a report: who wrote it (an AI, which model), the partial notice, notes on how it was made,
     the citation audit, the usage."""
     return [line for line in (ai_framing_line(report), partial_notice(report), *note_lines(report), audit_line(report),
-                              usage_line(report)) if line]
+                              usage_line(report), watch_line(report)) if line]
+
+
+def watch_line(report: Report) -> str | None:
+    """`🔭 Watch #3, every Monday at 09:00 (Europe/Paris): compared with run 12.` under a watch's run; else None."""
+    watch = report.watch
+    if watch is None:
+        return None
+    name = f"Watch #{watch.watch_id}" if watch.watch_id is not None else "A watch"
+    schedule = f", {watch.schedule}" if watch.schedule else ""
+    return f"🔭 {name}{schedule}: compared with run {watch.previous_run_id}."
 
 
 def partial_notice(report: Report) -> str | None:

@@ -246,13 +246,13 @@ def store_run(sessions: Sessions, new: NewRun, *, max_waiting: int | None = None
         with sessions.begin() as session:
             if max_waiting_in_workspace:
                 # Taken before the requester's lock, always in this order, so two stores cannot wait for each other.
-                _one_new_run_at_a_time(session, f"workspace:{new.key.workspace}")
+                hold_lock_of(session, f"workspace:{new.key.workspace}")
                 waiting_in_workspace = session.scalar(select(func.count()).select_from(Run).where(
                     Run.workspace == new.key.workspace, waiting())) or 0
                 if waiting_in_workspace >= max_waiting_in_workspace:
                     raise QueueFull(waiting_in_workspace, "workspace")
             if max_waiting is not None:
-                _one_new_run_at_a_time(session, new.requested_by)
+                hold_lock_of(session, new.requested_by)
                 waiting_now = session.scalar(select(func.count()).select_from(Run).where(
                     Run.requested_by == new.requested_by, waiting())) or 0
                 if waiting_now >= max_waiting:
@@ -280,7 +280,7 @@ def store_run(sessions: Sessions, new: NewRun, *, max_waiting: int | None = None
         raise ThreadBusy(new.key.thread) from error
 
 
-def _one_new_run_at_a_time(session: Session, holder: str) -> None:
+def hold_lock_of(session: Session, holder: str) -> None:
     """Hold, until the transaction ends, a lock that any other transaction storing a run of `holder` (a requester,
     or `workspace:ID`) waits for.
 

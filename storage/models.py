@@ -306,3 +306,16 @@ class Watch(Base):
     last_fired_at: Mapped[dt.datetime | None]
     fired: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class WorkspaceSetting(Base):
+    """What a workspace (a Slack workspace, a Discord server) set for itself: the time zone its watches' times are in
+    where the platform does not tell each person's (Discord: `/watches timezone Europe/Paris`; UTC until set)."""
+
+    __tablename__ = "workspace_settings"
+
+    platform: Mapped[str] = mapped_column(String(16), primary_key=True)
+    workspace: Mapped[str] = mapped_column(String(64), primary_key=True)
+    timezone: Mapped[str] = mapped_column(String(64), default="UTC")
+    updated_by: Mapped[str | None] = mapped_column(String(64))
+    updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)

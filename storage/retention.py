@@ -29,8 +29,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from storage.admission import cancel_run
 from storage.db import changed_rows, database_now, off_loop
-from storage.models import Citation, Conversation, Event, Message, Passage, Run, Source
+from storage.models import Citation, Conversation, Event, Message, Passage, Run, Source, Watch
 from storage.vocabulary import ACTIVE_STATES, TERMINAL_STATES
+from storage.watches import delete_watches_of
 
 RUNS_PER_BATCH = 500
 # Children before parents: citations point at passages, passages at sources.
@@ -52,6 +53,7 @@ class PruneCounts(BaseModel):
     events: int = 0
     conversations: int = 0
     messages: int = 0
+    watches: int = 0  # of a workspace forgotten: its watches (and its time zone setting)
     batches: int = 0
     # Of a workspace forgotten: the conversations kept because a run of theirs is in flight, those runs (stopped, or
     # on a dry run to be stopped), and the ones of them a worker is running (whose cancel the caller flags in Redis).
@@ -197,6 +199,8 @@ def count_workspace(sessions: sessionmaker[Session], workspace: str, *, platform
             **{model.__tablename__: _count(session, model, model.run_id, runs) for model in RUN_CHILDREN},
             "conversations": _count(session, Conversation, Conversation.id, conversations),
             "messages": _count(session, Message, Message.conversation_id, conversations),
+            "watches": session.scalar(select(func.count()).select_from(Watch).where(
+                Watch.workspace == workspace, *([Watch.platform == platform] if platform is not None else []))) or 0,
             "kept_conversations": session.scalar(select(func.count()).select_from(Conversation).where(
                 _of_workspace(workspace, platform), _with_run_in_flight())) or 0,
             "in_flight": [run.run_id for run in in_flight],
@@ -242,6 +246,8 @@ def forget_workspace(sessions: sessionmaker[Session], workspace: str, *, by: str
                 Conversation.id.in_(conversation_ids),
                 not_(exists(select(Run.id).where(Run.conversation_id == Conversation.id)))))
             counts.batches += 1
+    with sessions.begin() as session:
+        counts.watches = delete_watches_of(session, platform=platform, workspace=workspace)
     with sessions() as session:
         counts.kept_conversations = session.scalar(select(func.count()).select_from(Conversation).where(
             _of_workspace(workspace, platform))) or 0

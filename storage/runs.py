@@ -78,5 +78,23 @@ def _padded(text: str, cells: int) -> str:
     return text + " " * max(0, cells - cell_width(text))
 
 
+WATCHES_HEADER = f"{'WATCH':>6}  {'STATE':<9}  {'NEXT (UTC)':<16}  SCHEDULE · QUESTION"
+
+
+def watch_lines(sessions: Sessions, width: int = RUNS_WIDTH) -> list[str]:
+    """One line per watch, oldest first: its number, state, next due time and schedule, then its question, each at
+    most `width` terminal cells (`deepthread runs` lists them under the runs)."""
+    from storage.watches import all_watches
+
+    lines = []
+    for watch in all_watches(sessions):
+        due = f"{watch.next_due_at:%Y-%m-%d %H:%M}" if watch.state == "active" else "-"
+        head = f"{'#' + str(watch.id):>6}  {watch.state:<9}  {due:<16}  "
+        rest = f"{watch.schedule.describe()} · {' '.join(watch.question.split())}"
+        room = width - cell_width(head)
+        lines.append((head + (cut_to_cells(rest, room) if room >= QUESTION_MIN_CELLS else "")).rstrip())
+    return lines
+
+
 aexport_run = off_loop(export_run)
 arecent_runs = off_loop(recent_runs)

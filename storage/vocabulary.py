@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import zoneinfo
-from typing import Any, Literal, get_args
+from typing import Any, Literal, NamedTuple, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -90,10 +90,24 @@ class DeliveredMessage(BaseModel):
 
 
 WatchState = Literal["active", "paused", "stopped"]
+WATCH_ACTIVE: WatchState = "active"
+WATCH_PAUSED: WatchState = "paused"
+WATCH_STOPPED: WatchState = "stopped"  # for good: its channel gone, its owner gone (a person may resume it)
 Cadence = Literal["daily", "weekly", "monthly"]
 CADENCES: tuple[Cadence, ...] = ("daily", "weekly", "monthly")
 CADENCE_DAYS: dict[Cadence, int] = {"daily": 1, "weekly": 7, "monthly": 28}  # the shortest gap between two firings
 WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
+
+
+class WatchLimits(NamedTuple):
+    """What a workspace may have: `max_active` active watches (0: no cap), none repeating oftener than `min_interval`."""
+
+    max_active: int
+    min_interval: Cadence
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> WatchLimits:
+        return cls(settings.watch_max_per_workspace, settings.watch_min_interval)
 
 
 class WatchSchedule(BaseModel):

@@ -35,6 +35,7 @@ from storage.models import utcnow
 from storage.vocabulary import RunState
 from worker.leases import LEASE_LOST, LeaseKeeper, worker_identity
 from worker.loop import RunLoop
+from worker.watches import compared_with_previous
 from worker.runner import (
     HISTORY_MESSAGES,
     MAX_HISTORY_REPLY_CHARS,
@@ -171,12 +172,16 @@ class RunAttempt:
                         recorder.progress = recorder.progress.model_copy(update={"cancelled_by": cancelled_by})
                 if report is not None and report.model is None:
                     report.model = services.tools.llm.config.model  # named in the report's "Written by AI" line
+                findings = findings_of(state)
+                if run.watch_id is not None and report is not None and final_state == "done":
+                    # A watch's run opens with what changed since the watch's previous run, computed, never written.
+                    report = await compared_with_previous(services.sessions, run.id, report, findings)
                 # What the bot said joins the thread's history, so follow-ups and revisions have it as context.
                 reply_text = report.body_markdown[:MAX_HISTORY_REPLY_CHARS] if report is not None else None
                 # Rendering a long report takes a while: not on the loop the runs share.
                 outcome = await asyncio.to_thread(outcome_of, final_state, state, report, error, reply_text, cancelled_by)
                 stored = await self._store_outcome(functools.partial(
-                    afinish_attempt, services.sessions, run.id, run.attempt, outcome, findings_of(state)))
+                    afinish_attempt, services.sessions, run.id, run.attempt, outcome, findings))
         finally:
             if own_keeper:
                 keeper.stop()

@@ -50,9 +50,12 @@ from storage.deliveries import (
 )
 from storage.leases import aclaim_undelivered, ais_current_attempt
 from storage.vocabulary import TERMINAL_STATES, DeliveredMessage
+from storage.watches import aopen_pending_thread, aprevious_run, astored_report, is_pending
 from worker.answer_stream import AnswerStream
 from worker.progress import EditBudget, StatusEditor
 from worker.progress_stream import ProgressStream, finish_progress_message
+from chat.watches import quiet_line, watch_headline
+from worker.watches import stop_watch_for_good
 
 if TYPE_CHECKING:
     from config import Settings
@@ -129,6 +132,7 @@ class DeliveryTarget:
     status_ref: MessageRef | None
     requester: str
     mode: str = ""
+    watch_id: int | None = None  # the watch that fired the run; its thread may not be opened yet (place.thread None)
 
     @classmethod
     def load(cls, sessions: Sessions, run_id: int) -> DeliveryTarget | None:
@@ -137,11 +141,12 @@ class DeliveryTarget:
         if run is None:
             return None
         conversation = run.conversation
+        thread = None if is_pending(conversation.thread) else conversation.thread
         return cls(run_id=run_id,
                    place=Place(platform=conversation.platform, workspace=conversation.workspace,
-                               channel=conversation.channel, thread=conversation.thread),
+                               channel=conversation.channel, thread=thread),
                    status_ref=MessageRef.model_validate(run.status_message) if run.status_message else None,
-                   requester=platform_user(run.requested_by), mode=run.mode)
+                   requester=platform_user(run.requested_by), mode=run.mode, watch_id=run.watch_id)
 
 
 class RunDelivery:
@@ -153,6 +158,7 @@ class RunDelivery:
         self.sessions = sessions
         self.run_id = target.run_id
         self.place = target.place
+        self.watch_id = target.watch_id
         self.status_ref = target.status_ref
         self.requester = target.requester
         self.messenger = messenger
@@ -279,9 +285,12 @@ class RunDelivery:
         try:
             await self.close_answer_stream()
             await self._final_progress_message(progress)
-            await self._report_or_notice(progress.attempt, report)
-            await self._final_status(progress)
+            if self.watch_id is None or await self._watch_run_placed(progress, report):
+                await self._report_or_notice(progress.attempt, report)
+                await self._final_status(progress)
         except Exception as error:
+            if self.watch_id is not None and is_lasting_refusal(error):
+                await stop_watch_for_good(self.sessions, self.watch_id, error)
             return await self._after_failed_attempt(progress, error)
         await amark_delivered(self.sessions, self.run_id, progress.attempt)
         return DeliveryOutcome.DELIVERED
@@ -298,12 +307,42 @@ class RunDelivery:
             await self._post_notice_once(attempt, unpostable_notice(self.run_id, reason_of(error)))
         self._report_in_thread = True
 
-    async def _post_notice_once(self, attempt: int, text: str) -> None:
+    async def _watch_run_placed(self, progress: RunProgress, report: Report | None) -> bool:
+        """For a watch's run: whether its report goes in a thread — one opened now, with a headline, when the run has
+        none yet — or, when nothing changed since the watch's previous run (or the run ended without a report), False
+        once one quiet line says so in the previous run's thread instead."""
+        if report is None and progress.state == "done":
+            report = await astored_report(self.sessions, self.run_id)
+        comparison = report.watch if report is not None else None
+        quiet = quiet_line(progress, comparison) if report is None or progress.state != "done" or (
+            comparison is not None and not comparison.changes) else None
+        if quiet is not None:
+            previous = await aprevious_run(self.sessions, self.run_id)
+            thread = previous.thread if previous is not None else self.place.thread
+            if thread is not None:
+                await self._post_notice_once(progress.attempt, quiet, place=self.place.model_copy(
+                    update={"thread": thread}))
+            return False
+        if self.place.thread is None:
+            await self._open_watch_thread(progress, report)
+        return True
+
+    async def _open_watch_thread(self, progress: RunProgress, report: Report | None) -> None:
+        """Open the watch run's own thread in its channel: a headline, then its status message; record both."""
+        opened = await self.messenger.open_thread(
+            self.place, title=self.renderer.notice(watch_headline(progress.question, report)),
+            status=self.renderer.status(progress, now=dt.datetime.now(dt.timezone.utc)))
+        await aopen_pending_thread(self.sessions, self.run_id, opened.thread, opened.status.model_dump(mode="json"),
+                                   opened.status.message_id)
+        self.place = self.place.model_copy(update={"thread": opened.thread})
+        self.status_ref = opened.status
+
+    async def _post_notice_once(self, attempt: int, text: str, *, place: Place | None = None) -> None:
         # The notice is recorded, so a retry does not post it twice.
         delivered = await adelivered_messages(self.sessions, self.run_id)
         if any(entry.kind == "notice" for entry in delivered):
             return
-        ref = await self.messenger.post(self.place, self.renderer.notice(text))
+        ref = await self.messenger.post(place or self.place, self.renderer.notice(text))
         notice = DeliveredMessage(kind="notice", ref=ref.model_dump(mode="json"))
         await arecord_delivered(self.sessions, self.run_id, attempt, [*delivered, notice])
 

@@ -21,6 +21,7 @@ from storage.answer_drafts import AnswerDraftWriter
 from storage.admission import aqueue_positions
 from storage.db import Engine, make_session_factory, pooled_engine
 from storage.leases import fail_unstartable
+from storage.watches import FiringLimits
 from storage.redis import connect, connections_for, resolve_redis_url
 from storage.shared_limits import (
     HEARTBEAT_SECONDS,
@@ -38,6 +39,7 @@ from worker.queue import Limits, Queue, SendTask
 from worker.attempt import RunAttempt, WorkerLoops
 from worker.runner import RunnerServices, start_attempt
 from worker.toolkit import build_research_tools, research_options, search_config
+from worker.watches import WatchTick
 
 logger = logging.getLogger(__name__)
 
@@ -191,6 +193,13 @@ class WorkerRuntime:
             return None
         return RunDelivery(self.sessions, target, messenger=parts.messenger, renderer=parts.renderer, bucket=self.edit_bucket,
                            retry=DeliveryRetry.from_settings(self.settings))
+
+    def watch_tick(self) -> None:
+        """Fire the watches that are due (the beat's `deepthread.watch_tick`); call from a worker thread."""
+        tick = WatchTick(self.sessions, self.queue, FiringLimits.from_settings(self.settings),
+                         claim_seconds=self.settings.watch_claim_seconds, platform_parts=self._platform_parts,
+                         metrics=process_metrics())
+        self.delivery_loop.run(tick())
 
     async def refresh_waiting(self, admitted: list[int] | None = None) -> None:
         """Show each waiting run's current place in the queue in its status message (in the workspaces of the

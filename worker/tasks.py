@@ -149,6 +149,12 @@ def chat_task(run_id: int) -> None:
     runtime().run(run_id)
 
 
+@app.task(name="deepthread.watch_tick", ignore_result=True)
+def watch_tick_task() -> None:
+    """The beat's tick (worker.beat): fire the watches that are due."""
+    runtime().watch_tick()
+
+
 _run_log_tokens: dict[str, contextvars.Token[RunLogContext | None]] = {}
 
 

@@ -5,7 +5,9 @@ follow-ups, `go`. Runs execute in the workers; this process follows each run's s
 redraws its status in place, shows a chat or follow-up answer as the model writes it (the worker's draft in Redis),
 and prints the report. Ctrl-C stops the running job (a second
 Ctrl-C, or Ctrl-C at the prompt, leaves). The terminal's own commands (`/help`, `/history`, `/runs`,
-`/export`, `/quit`) are answered here and never reach the core.
+`/export`, `/quit`) are answered here and never reach the core; `/watch` and `/watches` are turned into the core's watch
+events here. While the chat is open, the runs of this terminal's watches that end are shown as they end (the worker
+delivers nothing to a terminal).
 
 Leaving never waits: SIGTERM and SIGHUP (the terminal closed) leave like Ctrl-C at the prompt, also during a run, and
 the prompt is read in a daemon thread, so a line still being typed when the chat leaves does not hold the process
@@ -15,20 +17,23 @@ the prompt is read in a daemon thread, so a line still being typed when the chat
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import functools
+import logging
 import os
+import re
 import shlex
 import signal
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from rich.console import Console, RenderableType
 from rich.table import Table
@@ -36,23 +41,30 @@ from rich.text import Text
 
 from bot.console.bundle import TERMINAL, TERMINAL_USER
 from bot.conversation.core import ConversationCore
-from bot.conversation.events import ChatEvent
+from bot.conversation.events import ChatEvent, Outcome
 from bot.conversation.history import arun_history
 from chat.message import MessageRef, Place
 from chat.console.messenger import ConsoleMessenger, print_unbroken, renderable_for
 from chat.console.render import ConsoleRenderer
 from chat.history import mode_name
 from chat.state import RunProgress, progress_of_stored_run
+from chat.text import shortened, single_line
+from chat.watches import quiet_line, watch_headline
 from research.files import FileRef, local_file_ref
 from research.report import ExportFormat, Report
 from storage.answer_drafts import AnswerDraftReader
-from storage.conversations import ThreadKey, aload_run, athread_view
-from storage.db import Sessions
+from storage.conversations import ThreadKey, aload_run, athread_view, athread_view_of_run
+from storage.db import Sessions, off_loop
 from storage.models import Run
 from storage.admission import aqueue_position
 from storage.deliveries import arun_with_events
-from storage.runs import RUNS_HEADER, aexport_run, arecent_runs
+from storage.runs import RUNS_HEADER, WATCHES_HEADER, aexport_run, arecent_runs, watch_lines
 from storage.shared_limits import live_workers
+from storage.vocabulary import CADENCES, WEEKDAYS, Cadence, WatchSchedule, zone_of
+from storage.watches import WatchView, awatches_in
+
+logger = logging.getLogger(__name__)
+awatch_lines = off_loop(watch_lines)
 
 SLASH = {"/research": "research:", "/plan": "plan:", "/ask": "ask:"}
 POLL_SECONDS = 0.2
@@ -71,10 +83,22 @@ NO_WORKER = ("No worker is running, so this run waits in the queue. Start one wi
 EXPORT_USAGE = "Usage: /export RUN_ID [md|html|json], e.g. /export 12 html (/history lists the run ids)."
 
 ATTACH_USAGE = "Usage: /attach PATH, e.g. /attach ~/notes/field-notes.pdf (PDF, Word, Markdown, HTML, text or CSV)."
+WATCH_USAGE = ("Usage: /watch daily|weekly|monthly [HH:MM] [--thread], e.g. /watch weekly 09:00, to research this "
+               "session's latest report again on that schedule (at 09:00 unless told); /watch RUN_ID daily … watches "
+               "another report of this terminal (/history lists them); --thread keeps every run in this session's "
+               "thread.")
+WATCHES_USAGE = ("Usage: /watches lists this terminal's watches; /watches pause N, /watches resume N and /watches delete N "
+                 "change watch N.")
+DEFAULT_WATCH_HOUR = 9
+# The runs of this terminal's watches are looked for this often while the chat is open.
+WATCH_POLL_SECONDS = 3.0
+LOCALTIME = Path("/etc/localtime")
+CLOCK_TIME = re.compile(r"(\d{1,2}):(\d{2})")
 
-CommandName = Literal["help", "history", "runs", "export", "attach", "quit", "unknown"]
+CommandName = Literal["help", "history", "runs", "export", "attach", "watch", "watches", "quit", "unknown"]
 COMMAND_WORDS: dict[str, CommandName] = {"help": "help", "?": "help", "history": "history", "runs": "runs",
-                                         "export": "export", "attach": "attach", "quit": "quit", "exit": "quit"}
+                                         "export": "export", "attach": "attach", "watch": "watch",
+                                         "watches": "watches", "quit": "quit", "exit": "quit"}
 HELP_SECTIONS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ("Ask", (
         ("a question", "a quick answer"),
@@ -92,12 +116,17 @@ HELP_SECTIONS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
         ("export md|html|json", "save this session's latest report in DATA_DIR/exports"),
         ("/attach PATH", "a file (PDF, Word, Markdown, HTML, text, CSV) this session's research reads and cites; "
                          "say files only to search nothing else"),
+        ("/watch CADENCE [HH:MM]", "research this session's latest report again, daily, weekly (on today's "
+                                   "weekday) or monthly (on today's date), at 09:00 unless told; each run opens with "
+                                   "what changed. --thread keeps its runs in this session; /watch RUN_ID … watches "
+                                   "another report"),
         ("Ctrl-C", "cancel the running job and keep what was found (a second Ctrl-C leaves)"),
     )),
     ("Commands", (
         ("/history", f"this terminal's last {HISTORY_LIMIT} runs, newest first"),
         ("/runs", "the latest runs of every platform, as deepthread runs lists them"),
         ("/export ID md|html|json", "save a run's report in DATA_DIR/exports (as md unless told otherwise)"),
+        ("/watches", "this terminal's watches; /watches pause N, resume N or delete N changes watch N"),
         ("/help", "this help"),
         ("/quit", "leave (also /exit or Ctrl-D)"),
     )),
@@ -152,6 +181,71 @@ def typed_path(rest: str) -> str:
     except ValueError:  # an unclosed quote
         return rest.strip()
     return words[0] if len(words) == 1 else rest.strip()
+
+
+@dataclass(frozen=True)
+class WatchRequest:
+    """What `/watch` asked for: the report to watch (None: this session's latest), how often, at what time of day, and
+    whether its runs stay in the report's thread."""
+
+    cadence: Cadence
+    hour: int = DEFAULT_WATCH_HOUR
+    minute: int = 0
+    run_id: int | None = None
+    one_thread: bool = False
+
+    def schedule(self, today: dt.date, timezone: str) -> WatchSchedule:
+        """The schedule in `timezone`: a weekly watch on `today`'s weekday, a monthly one on `today`'s date."""
+        return WatchSchedule(cadence=self.cadence, hour=self.hour, minute=self.minute, timezone=timezone,
+                             weekday=today.weekday() if self.cadence == "weekly" else None,
+                             day=today.day if self.cadence == "monthly" else None)
+
+
+def watch_request(arguments: tuple[str, ...]) -> WatchRequest:
+    """`/watch [RUN_ID] daily|weekly|monthly [HH:MM] [--thread]` read; raises ValueError for any other form."""
+    words = [word for word in arguments if word.lower() != "--thread"]
+    one_thread = len(words) < len(arguments)
+    run_id = None
+    if words and words[0].lstrip("#").isdigit():
+        run_id = int(words.pop(0).lstrip("#"))
+    if not words or words[0].lower() not in CADENCES or len(words) > 2:
+        raise ValueError("not a /watch form")
+    cadence = next(known for known in CADENCES if known == words[0].lower())
+    hour, minute = DEFAULT_WATCH_HOUR, 0
+    if len(words) == 2:
+        clock_time = CLOCK_TIME.fullmatch(words[1])
+        if clock_time is None or int(clock_time.group(1)) > 23 or int(clock_time.group(2)) > 59:
+            raise ValueError(f"not a time of day: {words[1]}")
+        hour, minute = int(clock_time.group(1)), int(clock_time.group(2))
+    return WatchRequest(cadence=cadence, hour=hour, minute=minute, run_id=run_id, one_thread=one_thread)
+
+
+def watches_form_is_known(arguments: tuple[str, ...]) -> bool:
+    """Whether the words after `/watches` are a form the core answers: none (or `list`), or pause|resume|delete N."""
+    if not arguments or [word.lower() for word in arguments] == ["list"]:
+        return True
+    return (len(arguments) == 2 and arguments[0].lower() in ("pause", "resume", "delete")
+            and arguments[1].lstrip("#").isdigit())
+
+
+def local_timezone(environ: Mapping[str, str] = os.environ, localtime: Path = LOCALTIME) -> str:
+    """This machine's IANA time zone: `TZ` when it names one, else the zone `/etc/localtime` links to, else UTC."""
+    candidates = [environ.get("TZ", "").strip().removeprefix(":")]
+    with contextlib.suppress(OSError):
+        candidates.append(os.readlink(localtime))
+    for candidate in candidates:
+        # A path into a zoneinfo folder (`/usr/share/zoneinfo/Europe/Paris`, or its posix/ or right/ copy) names the
+        # zone after the folder.
+        name = candidate.rpartition("zoneinfo/")[2] if "zoneinfo/" in candidate else candidate
+        name = name.removeprefix("posix/").removeprefix("right/")
+        if not name:
+            continue
+        try:
+            zone_of(name)
+        except ValueError:
+            continue
+        return name
+    return "UTC"
 
 
 def read_prompt_line(prompt: str) -> str:
@@ -243,12 +337,42 @@ class AnswerDraftView:
             self.ref = None
 
 
+class WatchRunFeed:
+    """The runs of this terminal's watches that end while the chat is open, each given once: the first look only notes
+    those that had ended before."""
+
+    def __init__(self, sessions: Sessions) -> None:
+        self.sessions = sessions
+        self.settled: set[int] | None = None  # watch runs given or noted, and runs that are no watch's (its origin)
+
+    async def newly_ended(self) -> list[tuple[WatchView, Run]]:
+        """Each watch of the terminal whose latest run ended since the last look, with that run."""
+        first_look = self.settled is None
+        settled = set(self.settled or ())
+        ended = []
+        for watch in await awatches_in(self.sessions, platform=TERMINAL.platform, workspace=TERMINAL.workspace,
+                                       channel=TERMINAL.channel):
+            if watch.last_run_id is None or watch.last_run_id in settled:
+                continue
+            run = await aload_run(self.sessions, watch.last_run_id)
+            is_watch_run = run is not None and run.watch_id is not None
+            if run is not None and is_watch_run and not run.finished:
+                continue  # given when it ends
+            settled.add(watch.last_run_id)
+            if run is not None and is_watch_run and not first_look:
+                ended.append((watch, run))
+        self.settled = settled
+        return ended
+
+
 class TerminalChat:
     """One terminal session: a thread of its own in the database, runs executed by the workers.
 
     `exports` is where `/export` writes (DATA_DIR/exports unless given); `workers_alive` lists the live
     workers, `answer_drafts` reads a run's answer as far as the model has written it (from Redis unless given), and
-    `clock`/`sleep` pace the following of a run (tests pass fakes of them).
+    `clock`/`sleep` pace the following of a run (tests pass fakes of them). `timezone` is the person's IANA zone for
+    their watches (the machine's unless given), `now` the wall clock that says which day is today, and `watch_sleep`
+    paces the looks for ended watch runs, every `watch_poll_seconds`.
     """
 
     def __init__(self, core: ConversationCore, sessions: Sessions, messenger: ConsoleMessenger,
@@ -256,7 +380,10 @@ class TerminalChat:
                  workers_alive: Callable[[], list[str]] | None = None, no_worker: str = NO_WORKER,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-                 answer_drafts: Callable[[int], str | None] | None = None) -> None:
+                 answer_drafts: Callable[[int], str | None] | None = None, timezone: str | None = None,
+                 now: Callable[[], dt.datetime] | None = None,
+                 watch_sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 watch_poll_seconds: float = WATCH_POLL_SECONDS) -> None:
         self.core = core
         self.sessions = sessions
         self.messenger = messenger
@@ -270,8 +397,16 @@ class TerminalChat:
         self.clock = clock
         self.sleep = sleep
         self.answer_drafts = answer_drafts or AnswerDraftReader(self.core.queue.redis)
+        self.timezone = timezone or local_timezone()
+        self.now = now or _now
+        self.watch_sleep = watch_sleep
+        self.watch_poll_seconds = watch_poll_seconds
         self._leaving = asyncio.Event()
         self._handling: dict[signal.Signals, Callable[[signal.Signals], None]] = {}
+        # Held while a line is answered, and while ended watch runs are shown: one never prints into the other.
+        self._turn = asyncio.Lock()
+        self._prompting = False
+        self._watch_runs_failing = False
 
     @property
     def exports(self) -> Path:
@@ -285,21 +420,28 @@ class TerminalChat:
         """Read lines until /quit, Ctrl-D, or Ctrl-C (SIGTERM, SIGHUP) at the prompt: commands answered here, the rest
         to the core. A signal leaves at once, also during a run."""
         self.console.print(GREETING, highlight=False)
-        with self._signals_call(self._leave, *LEAVE_SIGNALS):
-            while not self._leaving.is_set():
-                line = await self._next_line()
-                if line is None:
-                    self.console.print()  # the prompt's line is left unfinished
-                    return
-                if not line.strip():
-                    continue
-                command = chat_command(line)
-                if command is None:
-                    await self.say(line)
-                elif command.name == "quit":
-                    return
-                else:
-                    await self.obey(command)
+        watch_runs = asyncio.create_task(self._show_watch_runs(), name="terminal-watch-runs")
+        try:
+            with self._signals_call(self._leave, *LEAVE_SIGNALS):
+                while not self._leaving.is_set():
+                    line = await self._next_line()
+                    if line is None:
+                        self.console.print()  # the prompt's line is left unfinished
+                        return
+                    if not line.strip():
+                        continue
+                    command = chat_command(line)
+                    if command is not None and command.name == "quit":
+                        return
+                    async with self._turn:
+                        if command is None:
+                            await self.say(line)
+                        else:
+                            await self.obey(command)
+        finally:
+            watch_runs.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch_runs
 
     def _leave(self, _: signal.Signals) -> None:
         self._leaving.set()
@@ -332,9 +474,11 @@ class TerminalChat:
         typed: asyncio.Future[str] = loop.create_future()
         threading.Thread(target=self._read_into, args=(loop, typed), name="terminal-prompt", daemon=True).start()
         leaving = asyncio.ensure_future(self._leaving.wait())
+        self._prompting = True
         try:
             await asyncio.wait((typed, leaving), return_when=asyncio.FIRST_COMPLETED)
         finally:
+            self._prompting = False
             leaving.cancel()
         if not typed.done():
             typed.cancel()  # a line typed later goes nowhere
@@ -367,10 +511,19 @@ class TerminalChat:
             lines = await arecent_runs(self.sessions, RUNS_LIMIT, self.console.width)
             for line in [RUNS_HEADER, *lines] if lines else ["No runs yet."]:
                 print_unbroken(self.console, Text(line))
+            watches = await awatch_lines(self.sessions, self.console.width)
+            if watches:
+                self.console.print()
+                for line in [WATCHES_HEADER, *watches]:
+                    print_unbroken(self.console, Text(line))
         elif command.name == "export":
             print_unbroken(self.console, await self._export(command.arguments))
         elif command.name == "attach":
             await self._attach(typed_path(command.rest))
+        elif command.name == "watch":
+            await self._watch(command.arguments)
+        elif command.name == "watches":
+            await self._watches(command.arguments)
         else:
             self.console.print(Text(f"Unknown command {command.word}. Type /help for the commands."))
 
@@ -393,8 +546,7 @@ class TerminalChat:
                           user=TERMINAL_USER, kind="direct" if self.thread is None else "message",
                           text=as_thread_text(line), thread=self.thread, message_id=message_id, files=files or [])
         outcome = await self.core.handle(event)
-        for reply in outcome.replies:
-            self.console.print(renderable_for(self.renderer.reply(reply.text, person=reply.person)))
+        self._print_replies(outcome)
         if outcome.thread:
             self.thread = outcome.thread
         if outcome.run_id is not None:
@@ -449,6 +601,111 @@ class TerminalChat:
                                highlight=False)
         elif run.mode == "plan":
             self.console.print("Say [bold]go[/] to run this plan, or describe what to change.", highlight=False)
+
+    def _print_replies(self, outcome: Outcome) -> None:
+        """The core's replies: each as it was rendered (a listing), or its text with its bold and code drawn."""
+        for reply in outcome.replies:
+            self.console.print(renderable_for(reply.content or self.renderer.reply(reply.text, person=reply.person)))
+
+    def _event(self, **fields: Any) -> ChatEvent:
+        """An event of the person at this terminal, in this session's thread."""
+        return ChatEvent(platform=TERMINAL.platform, workspace=TERMINAL.workspace, channel=TERMINAL.channel,
+                         user=TERMINAL_USER, thread=self.thread, message_id=uuid.uuid4().hex, **fields)
+
+    async def _watch(self, arguments: tuple[str, ...]) -> None:
+        """Watch this session's latest research report (or the terminal's run named) on the schedule asked for."""
+        try:
+            request = watch_request(arguments)
+        except ValueError:
+            self.console.print(Text(WATCH_USAGE))
+            return
+        run_id = request.run_id
+        if run_id is None:
+            run_id = await self._latest_research_run()
+            if run_id is None:
+                self.console.print(Text(f"No research report in this session yet to watch. {WATCH_USAGE}"))
+                return
+        elif not await self._is_terminal_run(run_id):
+            self.console.print(Text(f"There is no run {run_id} in this terminal: /history lists its runs."))
+            return
+        schedule = request.schedule(self.now().astimezone(zone_of(self.timezone)).date(), self.timezone)
+        before = {watch.id for watch in await self._terminal_watches()}
+        outcome = await self.core.handle(self._event(
+            kind="action", action="watch", action_run_id=run_id, watch_schedule=schedule,
+            watch_one_thread=request.one_thread, timezone=self.timezone))
+        self._print_replies(outcome)
+        if any(watch.id not in before for watch in await self._terminal_watches()):
+            self.console.print(Text(watch_made_note(schedule), style="dim"))
+
+    async def _watches(self, arguments: tuple[str, ...]) -> None:
+        """List this terminal's watches, or pause, resume or delete one, as the core does it."""
+        if not watches_form_is_known(arguments):
+            self.console.print(Text(WATCHES_USAGE))
+            return
+        self._print_replies(await self.core.handle(self._event(kind="command", command="watches",
+                                                               text=" ".join(arguments))))
+
+    async def _terminal_watches(self) -> list[WatchView]:
+        return await awatches_in(self.sessions, platform=TERMINAL.platform, workspace=TERMINAL.workspace,
+                                 channel=TERMINAL.channel)
+
+    async def _is_terminal_run(self, run_id: int) -> bool:
+        """Whether run `run_id` was asked for at this terminal (a watch made here must not watch another platform's)."""
+        run = await aload_run(self.sessions, run_id)
+        view = await athread_view_of_run(self.sessions, run) if run is not None else None
+        return view is not None and (view.key.platform, view.key.workspace, view.key.channel) == (
+            TERMINAL.platform, TERMINAL.workspace, TERMINAL.channel)
+
+    async def _latest_research_run(self) -> int | None:
+        """The id of this session's latest research run with a report, if any."""
+        if self.thread is None:
+            return None
+        view = await athread_view(self.sessions, ThreadKey(TERMINAL.platform, TERMINAL.workspace, TERMINAL.channel,
+                                                            self.thread))
+        reported = view.last_report if view is not None else None
+        return reported.id if reported is not None else None
+
+    async def _show_watch_runs(self) -> None:
+        """Every `watch_poll_seconds` while the chat is open, show the runs of this terminal's watches that ended (the
+        worker delivers nothing to a terminal); a database that does not answer is told once, and tried again."""
+        feed = WatchRunFeed(self.sessions)
+        while True:
+            async with self._turn:
+                try:
+                    ended = await feed.newly_ended()
+                except Exception as error:  # noqa: BLE001  (the chat goes on; the next look tries again)
+                    if not self._watch_runs_failing:
+                        logger.warning("could not look for ended watch runs (%s); trying again", type(error).__name__)
+                    self._watch_runs_failing = True
+                    ended = []
+                else:
+                    self._watch_runs_failing = False
+                if ended:
+                    at_prompt = self._prompting
+                    if at_prompt:
+                        self.console.print()  # off the prompt's line
+                    for watch, run in ended:
+                        await self._show_watch_run(watch, run)
+                    if at_prompt:
+                        self.console.print(PROMPT, end="", markup=False, highlight=False)
+            await self.watch_sleep(self.watch_poll_seconds)
+
+    async def _show_watch_run(self, watch: WatchView, run: Run) -> None:
+        """A watch's run that ended: its report under a headline when something changed (or there was nothing to
+        compare with), else one line: nothing changed, or how the run ended."""
+        report = Report.model_validate(run.report_json) if run.report_json is not None else None
+        comparison = report.watch if report is not None else None
+        if report is None or run.state != "done" or (comparison is not None and not comparison.changes):
+            state = "failed" if report is None and run.state == "done" else run.state
+            progress = RunProgress.for_run(run, state=state, error=run.error or "it wrote no report")
+            about = f"Watch #{watch.id}, run {run.id}: {shortened(single_line(run.question), 80)}"
+            print_unbroken(self.console, Text(f"{quiet_line(progress, comparison)} ({about})"))
+            return
+        headline = f"{watch_headline(run.question, report)} · watch #{watch.id}, run {run.id}"
+        print_unbroken(self.console, Text(headline, style="bold"))
+        delivery = self.renderer.report(report, requester=TERMINAL_USER)
+        for content in delivery.messages:
+            await self.messenger.post(_place(self.thread), content)
 
     async def _progress(self, run_id: int, progress: RunProgress) -> tuple[RunProgress, Run]:
         """The run as stored now, and `progress` with its events since then folded in (and its place in the queue)."""
@@ -506,6 +763,18 @@ class TerminalChat:
         path = self.exports / f"deepthread-report-{run_id}.{output_format}"
         path.write_text(text, encoding="utf-8")
         return path.resolve()
+
+
+def watch_made_note(schedule: WatchSchedule) -> str:
+    """What the terminal adds once a watch is made: which day it runs on, and where its runs show."""
+    if schedule.cadence == "weekly":
+        when = f"It runs on {WEEKDAYS[schedule.weekday or 0]}s, today's weekday. "
+    elif schedule.cadence == "monthly":
+        when = f"It runs on day {schedule.day} of each month, today's date (a shorter month's last day). "
+    else:
+        when = ""
+    return (f"{when}Its runs show here while this chat is open, and in /history; they start while a worker and the "
+            "beat run (deepthread up starts both).")
 
 
 def _place(thread: str | None) -> Place:

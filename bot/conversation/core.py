@@ -37,6 +37,8 @@ from bot.conversation.rules import (
     workspace_queue_full_reply,
 )
 from bot.conversation.suggestions import PastQuestion, suggested_prompts
+from bot.conversation.watches import WatchDesk
+from bot.conversation.watches import handles as handles_watches
 from chat.message import Content, FileUpload, MessageRef, Messenger, Place
 from chat.render import PlatformRenderer
 from chat.state import RunProgress, initial_progress
@@ -65,6 +67,7 @@ from storage.conversations import (
 from storage.db import Sessions
 from storage.models import Run
 from storage.retention import aforget_workspace
+from storage.watches import astop_watches_of, aworkspace_timezone
 from worker.queue import Queue
 
 __all__ = ["ConversationCore", "CoreSettings", "build_core"]
@@ -85,6 +88,7 @@ class ConversationCore:
         self.renderer = renderer
         self.settings = settings
         self.clock = clock or _now  # the daily quotas' day and reset time
+        self.watches = WatchDesk(sessions, renderer, admins=settings.admins, limits=settings.watch_limits)
 
     async def forget_workspace(self, platform: str, workspace: str) -> None:
         """Delete every thread of `workspace` on `platform` with its messages and runs (the app was removed there); its
@@ -96,8 +100,22 @@ class ConversationCore:
                     "kept %d conversations with a run in flight (%d runs stopped)", forgotten.conversations,
                     forgotten.messages, forgotten.runs, forgotten.kept_conversations, len(forgotten.in_flight))
 
+    async def workspace_timezone(self, platform: str, workspace: str) -> str:
+        """The IANA time zone a workspace set for its watches; UTC until one is set."""
+        return await aworkspace_timezone(self.sessions, platform=platform, workspace=workspace)
+
+    async def stop_watches(self, platform: str, workspace: str, *, reason: str, owner: str | None = None,
+                           channel: str | None = None) -> None:
+        """Stop the watches of a workspace whose owner left, or whose channel is gone, saying why in `/watches`."""
+        stopped = await astop_watches_of(self.sessions, platform=platform, workspace=workspace, reason=reason,
+                                         created_by=owner, channel=channel)
+        if stopped:
+            logger.info("stopped %d watches: %s", len(stopped), reason)
+
     async def handle(self, event: ChatEvent) -> Outcome:
         """What `event` means, done; replies for the adapter to deliver are in the outcome."""
+        if handles_watches(event):
+            return await self.watches.handle(event)
         view = await self._view(event)
         actions = decide(event, view, self.settings)
         if any(isinstance(action, StartRun) for action in actions):

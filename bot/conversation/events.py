@@ -8,6 +8,7 @@ from pydantic import BaseModel, Field
 
 from chat.message import Content
 from research.files import FileRef
+from storage.vocabulary import WatchSchedule
 
 # `opened`: a person opened a new conversation with the bot (Slack's assistant pane) and has asked nothing yet.
 EventKind = Literal["command", "mention", "message", "direct", "reaction", "action", "opened"]
@@ -38,10 +39,18 @@ class ChatEvent(BaseModel):
     text: str = ""
     thread: str | None = None
     message_id: str | None = None
-    command: Literal["research", "plan", "ask"] | None = None
+    command: Literal["research", "plan", "ask", "watches"] | None = None
     reaction: str | None = None
-    action: Literal["retry", "continue", "export", "cancel", "approve", "feedback", "feedback_comment"] | None = None
+    action: Literal["retry", "continue", "export", "cancel", "approve", "feedback", "feedback_comment", "watch",
+                    "watch_pause", "watch_resume", "watch_delete"] | None = None
     action_run_id: int | None = None
+    # A watch's buttons name it; "Watch this" (on run `action_run_id`) carries the schedule the person chose, whose
+    # time zone the core sets: the person's (`timezone`) where the platform tells it, else the workspace's.
+    watch_id: int | None = None
+    watch_schedule: WatchSchedule | None = None
+    watch_one_thread: bool = False
+    # The person's own IANA time zone, where the platform knows it (Slack's users.info `tz`, the terminal's own).
+    timezone: str | None = None
     # A feedback click's verdict; a `feedback_comment` carries what was wrong in `text`.
     feedback: Literal["good", "bad"] | None = None
     event_id: str | None = None
@@ -92,4 +101,14 @@ class ConversationHandler(Protocol):
 
     async def forget_workspace(self, platform: str, workspace: str) -> None:
         """Delete everything stored of a workspace the app was removed from: its threads, messages and runs."""
+        ...
+
+    async def workspace_timezone(self, platform: str, workspace: str) -> str:
+        """The IANA time zone a workspace set for its watches (`/watches timezone`); UTC until one is set."""
+        ...
+
+    async def stop_watches(self, platform: str, workspace: str, *, reason: str, owner: str | None = None,
+                           channel: str | None = None) -> None:
+        """Stop, with `reason`, the watches of a workspace whose owner (`owner`, platform-qualified) left or whose
+        channel (`channel`) is gone."""
         ...

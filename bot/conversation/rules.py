@@ -61,7 +61,7 @@ from research.report import ExportFormat
 from storage.conversations import HistoryTurn, ThreadView
 from storage.models import Run
 from storage.quotas import DailyQuotas, QuotaReached
-from storage.vocabulary import ACTIVE_STATES, TERMINAL_STATES, RunMode, RunOptions
+from storage.vocabulary import ACTIVE_STATES, TERMINAL_STATES, RunMode, RunOptions, WatchLimits
 
 REVISION_MARKER = "\n\nChanges requested: "
 APPROVAL_EMOJI = frozenset({"white_check_mark", "heavy_check_mark", "+1", "✅", "👍"})
@@ -81,6 +81,8 @@ class CoreSettings:
     max_queued_per_user: int = setting_default("max_queued_per_user")
     max_queued_per_workspace: int = setting_default("max_queued_per_workspace")  # 0: off
     daily_quotas: DailyQuotas = DailyQuotas()
+    watch_limits: WatchLimits = WatchLimits(setting_default("watch_max_per_workspace"),
+                                            setting_default("watch_min_interval"))
 
     @classmethod
     def from_settings(cls, settings: Any) -> CoreSettings:
@@ -88,7 +90,8 @@ class CoreSettings:
                    max_queued_per_user=settings.max_queued_per_user,
                    max_queued_per_workspace=settings.max_queued_per_workspace,
                    daily_quotas=DailyQuotas(runs_per_user=settings.daily_runs_per_user,
-                                            cost_per_workspace=settings.daily_cost_per_workspace))
+                                            cost_per_workspace=settings.daily_cost_per_workspace),
+                   watch_limits=WatchLimits.from_settings(settings))
 
 
 @dataclass(frozen=True)

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime as dt
 import inspect
 import logging
 import signal
 import threading
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import discord
 import discord.gateway
@@ -31,7 +32,9 @@ from discord import app_commands
 from bot.conversation.events import ChatEvent, ConversationHandler, Outcome, Reply, Visibility
 from bot.discord.events import (
     COMMANDS,
+    WATCHES_COMMAND,
     Depth,
+    WatchesAction,
     Where,
     attachment_ref,
     button_event,
@@ -41,14 +44,18 @@ from bot.discord.events import (
     message_event,
     message_link,
     reaction_event,
+    watch_event,
+    watches_text,
 )
 from bot.discord.feedback import THANKS, comment_run_id, submitted_comment, what_was_wrong_modal
-from chat.discord.render import DiscordRenderer, thread_name
-from chat.message import Messenger, MessengerError, Place
+from bot.discord.watches import FormPart, TimeZoneLookup, WatchForm, form_click, form_text, watched_run
+from chat.discord.render import KEY, DiscordRenderer, thread_name
+from chat.message import Content, Messenger, MessengerError, Place
 from chat.render import PlatformRenderer
 from config import Settings
 from ops.health import process_health
 from ops.server import start_ops_server
+from storage.vocabulary import zone_of
 
 logger = logging.getLogger(__name__)
 
@@ -59,11 +66,14 @@ DESCRIPTIONS = {
     "research": "Research a question on the web and get a cited report in a thread",
     "plan": "Draft a research plan to approve (reply go) or revise before any searching",
     "ask": "A quick answer with no web search",
+    WATCHES_COMMAND: "This channel's watches: list, pause, resume or delete one, or set this server's time zone",
 }
 OPTION_DESCRIPTIONS = {"question": "What to find out", "since": "Only sources from this date on (YYYY-MM-DD)",
                        "site": "Only this domain (several: separate them with spaces)",
                        "depth": "deep: more rounds and sources; quick: fewer",
-                       "file": "A file to read and cite (PDF, Word, Markdown, HTML, text, CSV)"}
+                       "file": "A file to read and cite (PDF, Word, Markdown, HTML, text, CSV)",
+                       "action": "What to do (list when left out)",
+                       "value": "The watch's number (pause, resume, delete), or a time zone such as Europe/Paris"}
 # Application flags that say the privileged message-content intent is switched on in the developer portal.
 GATEWAY_MESSAGE_CONTENT = 1 << 18
 GATEWAY_MESSAGE_CONTENT_LIMITED = 1 << 19
@@ -78,8 +88,39 @@ MESSAGE_CONTENT_OFF = ("The message-content intent is off for this application, 
                        "portal to answer every follow-up and read every file shared in its threads.")
 
 
+Components = list[dict[str, Any]]
 
-PrivateSender = Callable[[str], Awaitable[None]]
+
+class PrivateSender(Protocol):
+    """Says something to the event's person alone (with buttons or menus, as Discord's component dicts)."""
+
+    def __call__(self, text: str, components: Components | None = None) -> Awaitable[None]: ...
+
+
+class RawComponents(discord.ui.View):
+    """Components already written as Discord's dicts (the renderer's), sent through discord.py as they are. It holds
+    no items, so discord.py keeps nothing waiting for its clicks: they reach `on_interaction` by custom id."""
+
+    def __init__(self, components: Components) -> None:
+        super().__init__(timeout=None)
+        self.components = components
+
+    def to_components(self) -> Components:
+        return self.components
+
+
+def components_of(content: Content) -> Components | None:
+    """The buttons and menus a rendered message carries, if any."""
+    components = content.extra.get(KEY, {}).get("components")
+    return list(components) if components else None
+
+
+def stored_time_zones(core: ConversationHandler) -> TimeZoneLookup:
+    """Each server's time zone for watches, as the core keeps it (`/watches timezone`; UTC until set)."""
+
+    async def lookup(workspace: str) -> str:
+        return await core.workspace_timezone("discord", workspace)
+    return lookup
 
 
 @dataclass(frozen=True)
@@ -139,12 +180,14 @@ class DiscordBot:
     """The running bot: a discord.Client with the three commands, and listeners handing events to the core."""
 
     def __init__(self, settings: Settings, core: ConversationHandler, messenger: Messenger, *,
-                 connection: Connection, renderer: PlatformRenderer | None = None, **client_options: Any) -> None:
+                 connection: Connection, renderer: PlatformRenderer | None = None,
+                 time_zones: TimeZoneLookup | None = None, **client_options: Any) -> None:
         point_discord_py_at(settings.discord_api_url, connection.gateway_url)
         self.settings = settings
         self.core = core
         self.messenger = messenger
         self.renderer = renderer or DiscordRenderer()
+        self.time_zones = time_zones or stored_time_zones(core)
         self.message_content = connection.message_content
         intents = discord.Intents.default()
         intents.message_content = connection.message_content
@@ -156,6 +199,7 @@ class DiscordBot:
         for name in COMMANDS:
             self.tree.add_command(self._command(name))
         self.tree.add_command(self._history_command())
+        self.tree.add_command(self._watches_command())
         # discord.py runs this hook before connecting; set on its own Client (wrapped here) rather than a subclass.
         self.client.setup_hook = self._setup  # type: ignore[method-assign]
         self.client.event(self.on_ready)
@@ -188,6 +232,14 @@ class DiscordBot:
             await self.on_command(interaction, HISTORY_COMMAND, HISTORY_COMMAND)
         return app_commands.Command(name=HISTORY_COMMAND, description=DESCRIPTIONS[HISTORY_COMMAND], callback=callback)
 
+    def _watches_command(self) -> app_commands.Command[Any, Any, None]:
+        async def callback(interaction: discord.Interaction, action: WatchesAction | None = None,
+                           value: str | None = None) -> None:
+            await self.on_command(interaction, WATCHES_COMMAND, watches_text(action, value))
+        described = app_commands.describe(action=OPTION_DESCRIPTIONS["action"], value=OPTION_DESCRIPTIONS["value"])
+        return app_commands.Command(name=WATCHES_COMMAND, description=DESCRIPTIONS[WATCHES_COMMAND],
+                                    callback=described(callback))
+
     async def _setup(self) -> None:
         """Sync the commands: to DISCORD_GUILD_IDS at every start (instant), globally only when asked."""
         for guild_id in self.guild_ids:
@@ -210,8 +262,8 @@ class DiscordBot:
 
     async def on_command(self, interaction: discord.Interaction, name: str, text: str,
                          file: discord.Attachment | None = None) -> None:
-        """`/research`, `/plan`, `/ask`, `/history`: defer at once, check the channel, hand to the core (with the file
-        the command attached), say the replies."""
+        """`/research`, `/plan`, `/ask`, `/history`, `/watches`: defer at once, check the channel, hand to the core
+        (with the file the command attached), say the replies."""
         await interaction.response.defer(ephemeral=True, thinking=True)
         send_private = self._followup_sender(interaction)
         if interaction.guild_id is not None:
@@ -235,16 +287,26 @@ class DiscordBot:
             await send_private("On it." if outcome.run_id is not None else "Done.")
 
     async def on_interaction(self, interaction: discord.Interaction) -> None:
-        """Buttons (Stop, Retry, Continue, Export, 👍/👎) and the "what was wrong?" modal: acknowledge, then hand the
-        click to the core. Each is known by its custom id alone, so what the bot posted before a restart still works."""
+        """Buttons (Stop, Retry, Continue, Export, 👍/👎, Watch this, a watch's Pause, Resume and Delete), the watch
+        form's menus and the "what was wrong?" modal: acknowledge, then hand the click to the core. Each is known by its
+        custom id alone, so what the bot posted before a restart still works."""
         if interaction.type is discord.InteractionType.modal_submit:
             await self._on_comment(interaction)
             return
         if interaction.type is not discord.InteractionType.component or interaction.message is None:
             return
-        data: Mapping[str, object] = interaction.data or {}  # a component's data, which carries its custom_id
+        data: Mapping[str, object] = interaction.data or {}  # a component's data: its custom_id, a menu's values
         custom_id = str(data.get("custom_id", ""))
         where = where_of(interaction.channel, guild_id=interaction.guild_id, channel_id=interaction.channel_id or 0)
+        run_id = watched_run(custom_id)
+        if run_id is not None:
+            await self._open_watch_form(interaction, where, run_id)
+            return
+        values = data.get("values")
+        click = form_click(custom_id, [str(value) for value in values] if isinstance(values, list) else [])
+        if click is not None:
+            await self._on_watch_form(interaction, where, *click)
+            return
         event = button_event(where, user_id=interaction.user.id, message_id=interaction.message.id, custom_id=custom_id)
         if event is None:
             return
@@ -253,6 +315,32 @@ class DiscordBot:
             return
         await interaction.response.defer()
         await self._handle(event, self._followup_sender(interaction))
+
+    async def _open_watch_form(self, interaction: discord.Interaction, where: Where, run_id: int) -> None:
+        """"Watch this": the private form (how often, at what hour, where), its days from today in the server's time
+        zone."""
+        await interaction.response.defer(ephemeral=True, thinking=True)
+        send_private = self._followup_sender(interaction)
+        try:
+            timezone = await self.time_zones(where.workspace)
+            today = dt.datetime.now(zone_of(timezone)).date()
+        except Exception:
+            logger.exception("could not read the server's time zone for a watch")
+            await self._say_privately(send_private, SOMETHING_WENT_WRONG)
+            return
+        await self._say_privately(send_private, form_text(timezone), WatchForm.opened(run_id, today).components())
+
+    async def _on_watch_form(self, interaction: discord.Interaction, where: Where, part: FormPart,
+                             form: WatchForm) -> None:
+        """A choice in the watch form draws it again with the choice made; a Watch button hands the watch to the core
+        and the form becomes its answer."""
+        if part in ("how", "hour"):
+            await interaction.response.edit_message(view=RawComponents(form.components()))
+            return
+        await interaction.response.defer()
+        event = watch_event(where, user_id=interaction.user.id, run_id=form.run_id, schedule=form.schedule(),
+                            one_thread=part == "one")
+        await self._handle(event, self._form_answer_sender(interaction))
 
     async def _on_feedback(self, interaction: discord.Interaction, event: ChatEvent) -> None:
         """👍/👎 under a report, stored through the core. A 👎 opens the "what was wrong?" modal first: a modal can only
@@ -343,7 +431,7 @@ class DiscordBot:
     async def _say(self, reply: Reply, event: ChatEvent, thread: str | None, send_private: PrivateSender) -> None:
         content = reply.content or self.renderer.reply(reply.text, person=reply.person)
         if reply.private or thread is None:
-            await self._say_privately(send_private, content.text)
+            await self._say_privately(send_private, content.text, components_of(content))
             return
         try:
             await self.messenger.post(Place(platform=event.platform, workspace=event.workspace, channel=event.channel,
@@ -352,23 +440,45 @@ class DiscordBot:
             logger.warning("could not deliver a reply (%s)", error.reason)
 
     @staticmethod
-    async def _say_privately(send_private: PrivateSender, text: str) -> None:
+    async def _say_privately(send_private: PrivateSender, text: str, components: Components | None = None) -> None:
         try:
-            await send_private(text)
+            await send_private(text, components)
         except (discord.HTTPException, MessengerError) as error:
             logger.info("could not reply privately (%s)", type(error).__name__)
 
     @staticmethod
     def _followup_sender(interaction: discord.Interaction) -> PrivateSender:
-        async def send(text: str) -> None:
-            await interaction.followup.send(text, ephemeral=True, allowed_mentions=NO_MENTIONS)
+        async def send(text: str, components: Components | None = None) -> None:
+            if components:
+                await interaction.followup.send(text, ephemeral=True, allowed_mentions=NO_MENTIONS,
+                                                view=RawComponents(components))
+            else:
+                await interaction.followup.send(text, ephemeral=True, allowed_mentions=NO_MENTIONS)
+        return send
+
+    def _form_answer_sender(self, interaction: discord.Interaction) -> PrivateSender:
+        """The first private reply replaces the watch form (its menus and buttons go), any further one follows it."""
+        follow_up = self._followup_sender(interaction)
+        answered = False
+
+        async def send(text: str, components: Components | None = None) -> None:
+            nonlocal answered
+            if answered:
+                await follow_up(text, components)
+                return
+            answered = True
+            await interaction.edit_original_response(content=text, view=RawComponents(components or []),
+                                                     allowed_mentions=NO_MENTIONS)
         return send
 
     def _direct_message_sender(self, user_id: int) -> PrivateSender:
         """Private replies with no interaction to answer go by direct message (when the person accepts them)."""
-        async def send(text: str) -> None:
+        async def send(text: str, components: Components | None = None) -> None:
             user = self.client.get_user(user_id) or await self.client.fetch_user(user_id)
-            await user.send(text, allowed_mentions=NO_MENTIONS)
+            if components:
+                await user.send(text, allowed_mentions=NO_MENTIONS, view=RawComponents(components))
+            else:
+                await user.send(text, allowed_mentions=NO_MENTIONS)
         return send
 
     # -- running -----------------------------------------------------------------------------------

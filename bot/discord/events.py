@@ -16,14 +16,22 @@ from chat.discord.render import (
     FEEDBACK_LABELS,
     FEEDBACK_PREFIX,
     RETRY_PREFIX,
+    WATCH_BUTTON_PREFIX,
 )
+from storage.vocabulary import WatchSchedule
 
 PLATFORM = "discord"
 COMMANDS: tuple[Literal["research", "plan", "ask"], ...] = ("research", "plan", "ask")
 Depth = Literal["deep", "quick"]
+WATCHES_COMMAND: Literal["watches"] = "watches"
+# `/watches`' action option; `list` (or none) lists the channel's watches.
+WatchesAction = Literal["list", "pause", "resume", "delete", "timezone"]
 ActionName = Literal["retry", "continue", "export", "cancel"]
 BUTTON_ACTIONS: tuple[tuple[str, ActionName], ...] = (
     (RETRY_PREFIX, "retry"), (CONTINUE_PREFIX, "continue"), (EXPORT_PREFIX, "export"))
+WatchActionName = Literal["watch_pause", "watch_resume", "watch_delete"]
+WATCH_BUTTON_ACTIONS: dict[str, WatchActionName] = {"pause": "watch_pause", "resume": "watch_resume",
+                                                    "delete": "watch_delete"}
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,14 @@ def command_text(question: str, *, since: str | None = None, site: str | None = 
     return " ".join(words)
 
 
+def watches_text(action: WatchesAction | None, value: str | None) -> str:
+    """`/watches`' options as the words the core parses: `pause 3`, `timezone Europe/Paris`, or nothing (the list);
+    a value without an action is taken as typed (`pause 3` in the value alone works too)."""
+    if action == "list":
+        return ""
+    return " ".join(word for word in (action or "", (value or "").strip()) if word)
+
+
 def attachment_ref(*, attachment_id: int, filename: str, size: int | None, content_type: str | None, url: str,
                    user_id: int, link: str | None = None) -> FileRef:
     """A Discord attachment as a file shared with the event: downloaded from its CDN URL, linked back to by the
@@ -81,9 +97,10 @@ def message_link(where: Where, message_id: int) -> str:
 
 def command_event(where: Where, *, user_id: int, name: str, text: str, interaction_id: int,
                   files: list[FileRef] | None = None) -> ChatEvent:
-    """The ChatEvent of `/research`, `/plan` or `/ask` (with the file its `file` option attached); any other command
-    (`/history`) goes as `/research` with its text."""
-    command = name if name in COMMANDS else "research"
+    """The ChatEvent of `/research`, `/plan`, `/ask` (with the file its `file` option attached) or `/watches`; any
+    other command (`/history`) goes as `/research` with its text."""
+    command: Literal["research", "plan", "ask", "watches"] = next(
+        (known for known in (*COMMANDS, WATCHES_COMMAND) if known == name), "research")
     return ChatEvent(platform=PLATFORM, workspace=where.workspace, channel=where.channel, thread=where.thread,
                      user=qualified_user(user_id), kind="command", command=command, text=text,
                      event_id=str(interaction_id), channel_visibility=where.visibility, files=files or [])
@@ -128,6 +145,8 @@ def button_event(where: Where, *, user_id: int, message_id: int, custom_id: str)
     """A click on one of our buttons; None for any other custom id."""
     if custom_id.startswith(FEEDBACK_PREFIX):
         return feedback_event(where, user_id=user_id, message_id=message_id, custom_id=custom_id)
+    if custom_id.startswith(WATCH_BUTTON_PREFIX):
+        return watch_button_event(where, user_id=user_id, message_id=message_id, custom_id=custom_id)
     action: ActionName | None = "cancel" if custom_id == CANCEL_ID else None
     run_id: int | None = None
     for prefix, name in BUTTON_ACTIONS:
@@ -153,6 +172,26 @@ def feedback_event(where: Where, *, user_id: int, message_id: int, custom_id: st
     return ChatEvent(platform=PLATFORM, workspace=where.workspace, channel=where.channel, thread=where.thread,
                      user=qualified_user(user_id), kind="action", action="feedback", feedback=verdict,
                      action_run_id=int(run), message_id=str(message_id))
+
+
+def watch_button_event(where: Where, *, user_id: int, message_id: int, custom_id: str) -> ChatEvent | None:
+    """A click on Pause, Resume or Delete in a watch listing (`deepthread:watches:pause:7`); None for a custom id that
+    says otherwise."""
+    written, _, watch = custom_id.removeprefix(WATCH_BUTTON_PREFIX).partition(":")
+    action = WATCH_BUTTON_ACTIONS.get(written)
+    if action is None or not watch.isdigit():
+        return None
+    return ChatEvent(platform=PLATFORM, workspace=where.workspace, channel=where.channel, thread=where.thread,
+                     user=qualified_user(user_id), kind="action", action=action, watch_id=int(watch),
+                     message_id=str(message_id))
+
+
+def watch_event(where: Where, *, user_id: int, run_id: int, schedule: WatchSchedule, one_thread: bool) -> ChatEvent:
+    """"Watch this" on run `run_id`, with the schedule the person chose; its time zone is left to the core (the
+    server's), since Discord does not tell anyone's."""
+    return ChatEvent(platform=PLATFORM, workspace=where.workspace, channel=where.channel, thread=where.thread,
+                     user=qualified_user(user_id), kind="action", action="watch", action_run_id=run_id,
+                     watch_schedule=schedule, watch_one_thread=one_thread, timezone=None)
 
 
 def comment_event(where: Where, *, user_id: int, run_id: int, comment: str) -> ChatEvent:

@@ -17,7 +17,7 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel
 from slack_bolt.async_app import AsyncAck, AsyncApp, AsyncBoltContext, AsyncRespond
@@ -27,11 +27,24 @@ from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.conversation.events import ChatEvent, ConversationHandler, HistoryMessage, Outcome, Reply, Visibility
-from chat.slack.render import SlackRenderer
+from chat.slack.render import WATCH_ACTION_ID, SlackRenderer, blocks_of
 from bot.slack.assistant import build_assistant
 from bot.slack.bundle import missing_adapter_setting, oauth_mode, web_client
 from bot.slack.dedupe import EventDeduper, MemoryReplayGuard, ReplayGuard, request_fingerprint
 from bot.slack.feedback import COMMENT_CALLBACK_ID, CommentContext, ask_what_was_wrong, comment_event, feedback_event
+from bot.slack.watches import (
+    WATCH_BUTTON_ACTIONS,
+    WATCH_CALLBACK_ID,
+    WATCHES_COMMAND,
+    PersonZones,
+    open_watch_form,
+    read_watch_form,
+    today_in,
+    watch_button_event,
+    watch_event,
+    watch_this_context,
+    watches_command_event,
+)
 from chat.slack.feedback import FEEDBACK_ACTION_ID
 from config import Settings
 from research.files import FileRef
@@ -58,6 +71,7 @@ HISTORY_KEEP = 50
 MEMBERSHIP_CACHE_SECONDS = 300.0
 REPLIES = SlackRenderer()
 SOMETHING_WENT_WRONG = "Sorry, something went wrong while handling that. Please try again in a moment."
+WATCH_FORM_UNAVAILABLE = "I couldn't open the watch form in time. Please press **Watch this** again."
 REPLAYED_REQUEST_STATUS = 409
 
 
@@ -298,7 +312,10 @@ def _slack_error_code(error: SlackApiError) -> str:
 
 # --- saying the replies --------------------------------------------------------------------------------
 
-PrivateSender = Callable[[str], Awaitable[None]]
+class PrivateSender(Protocol):
+    """Says a text (with its Block Kit blocks, when it has them) that only the event's person sees."""
+
+    async def __call__(self, text: str, blocks: list[dict[str, Any]] | None = None) -> None: ...
 
 
 def _bare_user(user: str) -> str:
@@ -312,15 +329,16 @@ async def post_in_thread(client: AsyncWebClient, channel: str, thread: str | Non
 
 def ephemeral_sender(client: AsyncWebClient, event: ChatEvent, thread: str | None) -> PrivateSender:
     """Says a text only the event's person sees, with `chat.postEphemeral`."""
-    async def send(text: str) -> None:
-        await client.chat_postEphemeral(channel=event.channel, user=_bare_user(event.user), text=text, thread_ts=thread)
+    async def send(text: str, blocks: list[dict[str, Any]] | None = None) -> None:
+        await client.chat_postEphemeral(channel=event.channel, user=_bare_user(event.user), text=text, blocks=blocks,
+                                        thread_ts=thread)
     return send
 
 
 def respond_sender(respond: AsyncRespond) -> PrivateSender:
     """Says a text only the person sees, through the command's or button's `response_url`."""
-    async def send(text: str) -> None:
-        await respond(text=text, response_type="ephemeral", replace_original=False)
+    async def send(text: str, blocks: list[dict[str, Any]] | None = None) -> None:
+        await respond(text=text, blocks=blocks, response_type="ephemeral", replace_original=False)
     return send
 
 
@@ -337,11 +355,12 @@ async def deliver(replies: list[Reply], *, client: AsyncWebClient, event: ChatEv
                   send_private: PrivateSender, renderer: SlackRenderer = REPLIES) -> None:
     """Say each reply as mrkdwn, privately or in `thread`; a failed reply is logged and does not stop the others."""
     for reply in replies:
-        text = (reply.content or renderer.reply(reply.text, person=reply.person)).text
+        content = reply.content or renderer.reply(reply.text, person=reply.person)
+        text = content.text
         try:
             if reply.private or (thread is None and event.kind == "reaction"):
                 # A reaction's thread is unknown when the core does not say it; a public reply would land top level.
-                await send_private(text)
+                await send_private(text, blocks_of(content))
             else:
                 await post_in_thread(client, event.channel, thread, text)
         except (SlackApiError, SlackClientError, OSError, ValueError) as error:
@@ -355,10 +374,12 @@ class SlackListeners:
 
     def __init__(self, core: ConversationHandler, dedupe: EventDeduper, membership: ChannelMembership | None = None,
                  replay_guard: ReplayGuard | None = None,
-                 forget_installation: Callable[[AsyncBoltContext], Awaitable[None]] | None = None) -> None:
+                 forget_installation: Callable[[AsyncBoltContext], Awaitable[None]] | None = None,
+                 zones: PersonZones | None = None) -> None:
         self.core = core
         self.dedupe = dedupe
         self.membership = membership or ChannelMembership()
+        self.zones = zones or PersonZones()
         self.replay_guard = replay_guard or MemoryReplayGuard()
         # OAuth installs: deletes the workspace's stored tokens (bot.slack.oauth.InstallationRemoval).
         self.forget_installation = forget_installation
@@ -448,6 +469,51 @@ class SlackListeners:
         if event is None:
             return
         await self._handle(event, client=client, send_private=ephemeral_sender(client, event, None))
+
+    async def on_watch_this(self, ack: AsyncAck, body: dict[str, Any], respond: AsyncRespond,
+                            client: AsyncWebClient) -> None:
+        """"Watch this" under a research report: acknowledge, then open the modal that asks how often and when."""
+        await ack()
+        context = watch_this_context(body)
+        if context is None:
+            return
+        user_id = str((body.get("user") or {}).get("id", ""))
+        today = today_in(await self.zones.of_quickly(client, user_id))
+        if await open_watch_form(client, trigger_id=body.get("trigger_id"), context=context, today=today):
+            return
+        try:
+            await respond_sender(respond)(REPLIES.reply(WATCH_FORM_UNAVAILABLE).text)
+        except (SlackApiError, SlackClientError, OSError, ValueError) as error:
+            logger.warning("could not say the watch form did not open (%s)", type(error).__name__)
+
+    async def on_watch_form(self, ack: AsyncAck, body: dict[str, Any], client: AsyncWebClient) -> None:
+        """The watch modal submitted: what is missing shown beside its input, else the modal closed and the watch
+        made through the core in the person's time zone, the reply said privately in the report's thread."""
+        form = read_watch_form(body.get("view") or {})
+        if isinstance(form, dict):
+            await ack(response_action="errors", errors=form)
+            return
+        await ack()
+        user_id = str((body.get("user") or {}).get("id", ""))
+        event = watch_event(body, form, timezone=await self.zones.of(client, user_id))
+        await self._handle(event, client=client, send_private=ephemeral_sender(client, event, event.thread))
+
+    async def on_watches_command(self, ack: AsyncAck, command: dict[str, Any], respond: AsyncRespond,
+                                 client: AsyncWebClient) -> None:
+        """`/watches`: acknowledge, then list, pause, resume or delete through the core; every reply private."""
+        await ack()
+        timezone = await self.zones.of(client, str(command.get("user_id", "")))
+        await self._handle(watches_command_event(command, timezone=timezone), client=client,
+                           send_private=respond_sender(respond))
+
+    async def on_watch_button(self, ack: AsyncAck, body: dict[str, Any], respond: AsyncRespond,
+                              client: AsyncWebClient) -> None:
+        """Pause, Resume or Delete on a watch listing: acknowledge, then hand the click to the core."""
+        await ack()
+        event = watch_button_event(body)
+        if event is None:
+            return
+        await self._handle(event, client=client, send_private=respond_sender(respond))
 
     async def on_app_uninstalled(self, body: dict[str, Any], context: AsyncBoltContext) -> None:
         """`app_uninstalled`: the workspace's stored tokens (OAuth installs), then everything stored of it: its threads,
@@ -550,3 +616,8 @@ def register_listeners(app: AsyncApp, listeners: SlackListeners) -> None:
         app.action(action_id)(listeners.on_action)
     app.action(FEEDBACK_ACTION_ID)(listeners.on_feedback)
     app.view(COMMENT_CALLBACK_ID)(listeners.on_feedback_comment)
+    app.command(WATCHES_COMMAND)(listeners.on_watches_command)
+    app.action(WATCH_ACTION_ID)(listeners.on_watch_this)
+    for action_id in WATCH_BUTTON_ACTIONS:
+        app.action(action_id)(listeners.on_watch_button)
+    app.view(WATCH_CALLBACK_ID)(listeners.on_watch_form)

@@ -34,7 +34,7 @@ REDIRECT_PATH = "/slack/oauth_redirect"
 BOT_SCOPES = (
     "commands", "chat:write", "app_mentions:read", "channels:history", "groups:history", "im:history", "mpim:history",
     "channels:read", "groups:read", "im:read", "mpim:read", "channels:join", "reactions:read", "files:write",
-    "files:read", "assistant:write",
+    "files:read", "assistant:write", "users:read",
 )
 
 

@@ -16,12 +16,13 @@ from rich.text import Text
 from chat.history import RunHistory, RunSummary, mode_name
 from chat.message import Content
 from chat.render import ReportDelivery, with_person
+from chat.watches import WatchListing, WatchSummary
 from chat.state import RunProgress
 from chat.status import counts_line, format_elapsed
 from chat.text import shortened, single_line
 from research.markdown import NEUTRAL_MARKUP
 from research.report import Report, only_source_links, render_markdown
-from storage.vocabulary import ACTIVE_STATES
+from storage.vocabulary import ACTIVE_STATES, zone_of
 
 MARKS = {"done": "[green]✔[/]", "current": "[yellow]▶[/]", "waiting": "[dim]·[/]", "failed": "[red]✘[/]"}
 ENDINGS = {"done": "[green]Done[/]", "cancelled": "[yellow]Stopped[/]", "failed": "[red]Failed[/]",
@@ -126,6 +127,14 @@ class ConsoleRenderer:
         if not runs:
             return Content(text=NO_RUNS_HERE)
         return Content(text="\n".join(_history_row(run) for run in runs), extra={"rich": HistoryTable(runs)})
+
+    def watches(self, listing: WatchListing) -> Content:
+        """The terminal's watches as a table (number, state, schedule, next run in the schedule's zone, question): the
+        number is what `/watches pause N` takes."""
+        if not listing.watches:
+            return Content(text=NO_WATCHES_HERE)
+        return Content(text="\n".join(_watch_row(watch) for watch in listing.watches),
+                       extra={"rich": WatchesTable(listing.watches)})
 
 
 def _neutral_pieces(text: str) -> list[tuple[str, str | None]]:
@@ -233,3 +242,76 @@ class LatestLines:
         for line in lines:
             yield from line
             yield Segment.line()
+
+
+
+NO_WATCHES_HERE = ("No watches in this terminal yet: after a research report, /watch weekly 09:00 has it come back on "
+                   "its own.")
+# Left out, in this order, when the table does not fit: the next run, then the question (narrower than
+# QUESTION_MIN_CELLS it says too little); the watch's number and its state always stay, never cut.
+WATCH_DROPPED_FIRST = ("Next run",)
+
+
+def _watch_schedule(watch: WatchSummary) -> str:
+    """The schedule in words, or why the watch no longer runs."""
+    return watch.when if watch.state == "stopped" else watch.schedule.describe()
+
+
+def _watch_next_run(watch: WatchSummary) -> str:
+    """`30 Nov 2026 09:00 CET` in the schedule's own zone; `-` unless the watch is active."""
+    if watch.state != "active":
+        return "-"
+    return watch.next_due_at.astimezone(zone_of(watch.schedule.timezone)).strftime("%-d %b %Y %H:%M %Z")
+
+
+def _watch_row(watch: WatchSummary) -> str:
+    next_run = watch.next_run_words()
+    return "  ".join(part for part in (f"#{watch.watch_id}", watch.state, _watch_schedule(watch), next_run,
+                                       single_line(watch.question)) if part)
+
+
+class WatchesTable:
+    """The watches as a table as wide as the console allows: one line a watch, the question cut with "…" to fit
+    (or left out after the next run), the schedule cut last; the number and the state are never cut or wrapped."""
+
+    def __init__(self, watches: list[WatchSummary]) -> None:
+        self.watches = watches
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield _watches_table(self.watches, options.max_width)
+
+
+def _watches_table(watches: list[WatchSummary], width: int) -> Table:
+    cells: dict[str, list[str]] = {
+        "Watch": [f"#{watch.watch_id}" for watch in watches],
+        "State": [watch.state for watch in watches],
+        "Schedule": [_watch_schedule(watch) for watch in watches],
+        "Next run": [_watch_next_run(watch) for watch in watches],
+    }
+    widths = {heading: max(cell_len(text) for text in [heading, *column]) for heading, column in cells.items()}
+
+    def used(headings: list[str]) -> int:
+        return sum(widths[heading] for heading in headings) + COLUMN_GAP * (len(headings) - 1)
+
+    kept = list(cells)
+    questions = [single_line(watch.question) for watch in watches]
+    for heading in WATCH_DROPPED_FIRST:
+        if width - used(kept) - COLUMN_GAP >= QUESTION_MIN_CELLS:
+            break
+        kept.remove(heading)
+    room = width - used(kept) - COLUMN_GAP
+    question_width = min(room, max(cell_len(text) for text in ["Question", *questions]))
+    if room < QUESTION_MIN_CELLS:
+        question_width = 0
+    # What is left of the width once the number and the state have theirs: the schedule is cut to it, never them.
+    schedule_width = max(1, min(widths["Schedule"], width - used(["Watch", "State"]) - COLUMN_GAP))
+    table = Table(box=None, header_style="dim", pad_edge=False, padding=(0, COLUMN_GAP // 2))
+    for heading in kept:
+        table.add_column(heading, no_wrap=True, overflow="ellipsis",
+                         width=schedule_width if heading == "Schedule" else widths[heading])
+    if question_width:
+        table.add_column("Question", no_wrap=True, overflow="ellipsis", width=question_width)
+    for index, question in enumerate(questions):
+        row = [cells[heading][index] for heading in kept]
+        table.add_row(*row, *([Text(question)] if question_width else []))
+    return table

@@ -11,8 +11,8 @@ Untrusted text that is not Markdown by nature (questions, page titles, reasons) 
 shows as typed. Link previews are suppressed on every message (`flags`: SUPPRESS_EMBEDS).
 
 Discord-specific parts of a message ride in `Content.extra["discord"]`: `allowed_mentions`, `flags`
-and `components` (the Stop, Retry, Continue and Export buttons, and 👍/👎 under a report), which the messenger
-sends as they are.
+and `components` (the Stop, Retry, Continue and Export buttons, 👍/👎 and Watch this under a report, and a watch
+listing's Pause, Resume and Delete), which the messenger sends as they are.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from urllib.parse import unquote
 from chat.history import NO_RUNS, RunHistory, RunSummary, history_listing, mode_name
 from chat.message import Content, FileUpload, Place
 from chat.render import ReportDelivery, with_person
+from chat.watches import NO_WATCHES, WatchListing, WatchSummary
 from chat.state import RunProgress
 from chat.status import Markup, ending, headline, is_unfinished, measures_line, phase_checklist
 from chat.text import (
@@ -61,6 +62,18 @@ Verdict = Literal["good", "bad"]
 FEEDBACK_PREFIX = "deepthread:feedback:"
 FEEDBACK_LABELS: dict[Verdict, str] = {"good": "👍", "bad": "👎"}
 BUTTON_PRIMARY, BUTTON_SECONDARY, BUTTON_DANGER = 1, 2, 4
+# "Watch this" under a finished research report: `deepthread:watch:42`, the run whose question is watched.
+WATCH_THIS_PREFIX = "deepthread:watch:"
+WATCH_THIS_LABEL = "Watch this"
+# A watch listing's buttons: `deepthread:watches:pause:7`, what to do and the watch.
+WatchButton = Literal["pause", "resume", "delete"]
+WATCH_BUTTON_PREFIX = "deepthread:watches:"
+# Discord: at most five action rows of five buttons a message; two watches a row (each has two buttons) read clearly.
+ACTION_ROWS_LIMIT = 5
+WATCHES_PER_ROW = 2
+WATCH_QUESTION_LIMIT = 120
+WATCHES_WITHOUT_BUTTONS = ("Change the others with `/watches pause N`, `/watches resume N` or `/watches delete N` "
+                           "(N is the watch's number).")
 
 _MARKDOWN_SPECIALS = re.compile(r"([\\*_~`|>#\[\]()<-])")
 _DISCORD_USER_ID = re.compile(r"^\d{15,21}$")
@@ -247,10 +260,46 @@ def feedback_custom_id(verdict: Verdict, run_id: int) -> str:
     return f"{FEEDBACK_PREFIX}{verdict}:{run_id}"
 
 
-def report_row(run_id: int) -> dict[str, Any]:
-    """The buttons under a report: export it, and say whether it was good (👍) or something was wrong (👎)."""
+def report_row(run_id: int, *, watchable: bool = False) -> dict[str, Any]:
+    """The buttons under a report: export it, say whether it was good (👍) or something was wrong (👎), and, under a
+    `watchable` one, watch its question."""
     feedback = [button(label, feedback_custom_id(verdict, run_id)) for verdict, label in FEEDBACK_LABELS.items()]
-    return action_row(button("Export Markdown", f"{EXPORT_PREFIX}{run_id}"), *feedback)
+    watch = [button(WATCH_THIS_LABEL, f"{WATCH_THIS_PREFIX}{run_id}", BUTTON_PRIMARY)] if watchable else []
+    return action_row(button("Export Markdown", f"{EXPORT_PREFIX}{run_id}"), *feedback, *watch)
+
+
+def watchable(report: Report) -> bool:
+    """Whether a report offers "Watch this": a research report, not stopped, that no watch made (a watch's own run is
+    watched already)."""
+    return report.mode == "research" and not report.stopped_by_user and report.watch is None
+
+
+def watch_custom_id(action: WatchButton, watch_id: int) -> str:
+    """What a watch listing's button sends back when clicked: `deepthread:watches:pause:7`."""
+    return f"{WATCH_BUTTON_PREFIX}{action}:{watch_id}"
+
+
+def watch_line(watch: WatchSummary) -> str:
+    """One watch of a listing: number, question (shown as typed), schedule, next run (in the reader's own time), and
+    who made it (named, never pinged: the message allows no mentions)."""
+    question = escape_text(shortened(single_line(watch.question), WATCH_QUESTION_LIMIT))
+    parts = [f"• **#{watch.watch_id}** {question}", escape_text(watch.when)]
+    if watch.state == "active":
+        parts.append(f"next <t:{int(watch.next_due_at.timestamp())}:f>")
+    if watch.one_thread:
+        parts.append("in its thread")
+    parts.append(f"by {user_mention(watch.created_by)}")
+    return " · ".join(parts)
+
+
+def watch_buttons(watch: WatchSummary) -> list[dict[str, Any]]:
+    """Pause (an active watch) or Resume (a paused or stopped one), and Delete."""
+    number = watch.watch_id
+    if watch.state == "active":
+        first = button(f"Pause #{number}", watch_custom_id("pause", number))
+    else:
+        first = button(f"Resume #{number}", watch_custom_id("resume", number), BUTTON_PRIMARY)
+    return [first, button(f"Delete #{number}", watch_custom_id("delete", number), BUTTON_DANGER)]
 
 
 # --- the renderer --------------------------------------------------------------------------------
@@ -286,7 +335,7 @@ class DiscordRenderer:
         messages = [message(text, mention=requester if index == 0 else None) for index, text in enumerate(texts)]
         if run_id is not None:
             last = messages[-1]
-            buttons = {"components": [report_row(run_id)]}
+            buttons = {"components": [report_row(run_id, watchable=watchable(report))]}
             messages[-1] = last.model_copy(update={"extra": {KEY: {**last.extra[KEY], **buttons}}})
         return ReportDelivery(messages=messages)
 
@@ -304,6 +353,33 @@ class DiscordRenderer:
             return message(NO_RUNS)
         return message(history_listing(history, heading=lambda title: f"**{title}**", line=_history_line,
                                        limit=CONTENT_LIMIT))
+
+    def watches(self, listing: WatchListing) -> Content:
+        """The channel's watches in one message, one line each, with Pause or Resume and Delete buttons on those the
+        person may change, as many as Discord's rows hold; the others are changed with `/watches pause N` and the
+        like, and watches past the message's length are counted."""
+        if not listing.watches:
+            return message(NO_WATCHES)
+        heading = "**Watches in this channel**"
+        lines = [heading]
+        room = CONTENT_LIMIT - len(WATCHES_WITHOUT_BUTTONS) - 100  # the closing lines always fit
+        shown: list[WatchSummary] = []
+        for watch in listing.watches:
+            line = watch_line(watch)
+            if sum(len(kept) + 1 for kept in lines) + len(line) > room:
+                break
+            lines.append(line)
+            shown.append(watch)
+        changeable = [watch for watch in listing.watches if watch.may_change]
+        with_buttons = [watch for watch in shown if watch.may_change][:ACTION_ROWS_LIMIT * WATCHES_PER_ROW]
+        if len(shown) < len(listing.watches):
+            lines.append(f"…and {len(listing.watches) - len(shown)} more, not shown here.")
+        if len(with_buttons) < len(changeable):
+            lines.append(WATCHES_WITHOUT_BUTTONS)
+        rows = [action_row(*(item for watch in with_buttons[start:start + WATCHES_PER_ROW]
+                             for item in watch_buttons(watch)))
+                for start in range(0, len(with_buttons), WATCHES_PER_ROW)]
+        return message("\n".join(lines), components=rows or None)
 
     def _greeting(self, report: Report, requester: str) -> str:
         question = escape_text(shortened(single_line(report.question) or title_and_body(report)[0], 300))
@@ -323,7 +399,8 @@ class DiscordRenderer:
         if stopped := stopped_line(report):
             lines.append(f"**{escape_text(stopped)}**")
         summary = message("\n".join(lines), mention=requester,
-                          components=[report_row(run_id)] if run_id is not None else None)
+                          components=[report_row(run_id, watchable=watchable(report))] if run_id is not None
+                          else None)
         upload = FileUpload(filename=REPORT_FILENAME, data=render_markdown(report).encode("utf-8"),
                             title=thread_name(title))
         return ReportDelivery(messages=[summary], file=upload)

@@ -30,6 +30,7 @@ from chat.message import Content, FileUpload, Place
 from chat.slack.feedback import with_feedback_buttons
 from chat.slack.thread_status import with_thread_status
 from chat.render import ReportDelivery, with_person
+from chat.watches import NO_WATCHES, WatchListing, WatchSummary
 from chat.state import RunProgress
 from chat.status import Markup, ending, headline, is_unfinished, measures_line, phase_checklist
 from chat.text import (
@@ -359,6 +360,13 @@ RETRY_ACTION_ID = "deepthread_retry"
 CONTINUE_ACTION_ID = "deepthread_continue"
 EXPORT_ACTION_ID = "deepthread_export"
 STOP_ACTION_ID = "deepthread_stop"
+# "Watch this" under a research report (value: the run id), and a watch listing's buttons (value: the watch id).
+WATCH_ACTION_ID = "deepthread_watch"
+WATCH_PAUSE_ACTION_ID = "deepthread_watch_pause"
+WATCH_RESUME_ACTION_ID = "deepthread_watch_resume"
+WATCH_DELETE_ACTION_ID = "deepthread_watch_delete"
+
+
 def button(action_id: str, label: str, value: str) -> dict[str, Any]:
     """A Block Kit button whose click reaches the adapter as `action_id` with `value`."""
     return {"type": "button", "action_id": action_id, "text": {"type": "plain_text", "text": label}, "value": value}
@@ -390,21 +398,32 @@ def run_buttons(progress: RunProgress) -> dict[str, Any] | None:
     return actions_block(buttons)
 
 
-def export_buttons(run_id: int) -> dict[str, Any]:
-    """The "Export Markdown" button under a delivered report."""
-    return actions_block([button(EXPORT_ACTION_ID, "Export Markdown", str(run_id))])
+def export_buttons(run_id: int, *, watchable: bool = False) -> dict[str, Any]:
+    """The "Export Markdown" button under a delivered report, and "Watch this" beside it when it may be watched."""
+    buttons = [button(EXPORT_ACTION_ID, "Export Markdown", str(run_id))]
+    if watchable:
+        buttons.append(button(WATCH_ACTION_ID, "Watch this", str(run_id)))
+    return actions_block(buttons)
 
 
-def with_export_button(delivery: ReportDelivery, run_id: int) -> ReportDelivery:
-    """`delivery` with the export button under its last message (in a message of its own when that one is full)."""
+def is_watchable(report: Report) -> bool:
+    """Whether "Watch this" goes under `report`: a research report a person asked for (not a plan, quick answer or
+    follow-up, nor a watch's own run), not stopped half way."""
+    return report.mode == "research" and report.watch is None and not report.stopped_by_user
+
+
+def with_export_button(delivery: ReportDelivery, run_id: int, *, watchable: bool = False) -> ReportDelivery:
+    """`delivery` with the export button (and "Watch this" when `watchable`) under its last message (in a message of
+    its own when that one is full)."""
     messages = list(delivery.messages)
     last = messages[-1]
     last_blocks = blocks_of(last)
+    buttons = export_buttons(run_id, watchable=watchable)
     if last_blocks is not None and len(last_blocks) < BLOCKS_PER_MESSAGE:
-        messages[-1] = slack_content(last.text, [*last_blocks, export_buttons(run_id)])
+        messages[-1] = slack_content(last.text, [*last_blocks, buttons])
     else:
         text = "Export this report as Markdown:"
-        messages.append(slack_content(text, [section_block(text), export_buttons(run_id)]))
+        messages.append(slack_content(text, [section_block(text), buttons]))
     return delivery.model_copy(update={"messages": messages})
 
 
@@ -524,12 +543,13 @@ class SlackRenderer:
         return with_thread_status(slack_content(text, blocks), progress)
 
     def report(self, report: Report, *, requester: str, run_id: int | None = None) -> ReportDelivery:
-        """The report's messages, the first mentioning the requester, the last with an export button and 👍/👎
-        feedback buttons when `run_id` is given; as a summary plus `report.md` when too long."""
+        """The report's messages, the first mentioning the requester, the last with an export button (and "Watch this"
+        under a research report) and 👍/👎 feedback buttons when `run_id` is given; as a summary plus `report.md` when
+        too long."""
         delivery = self._report_messages(report, requester)
         if run_id is None or not delivery.messages:
             return delivery
-        return with_feedback_buttons(with_export_button(delivery, run_id), run_id)
+        return with_feedback_buttons(with_export_button(delivery, run_id, watchable=is_watchable(report)), run_id)
 
     def _report_messages(self, report: Report, requester: str) -> ReportDelivery:
         greeting = self._greeting(report, requester)
@@ -564,6 +584,22 @@ class SlackRenderer:
         if history.empty:
             return Content(text=paragraph_to_mrkdwn(NO_RUNS))
         return Content(text=history_listing(history, heading=lambda title: f"*{title}*", line=_history_line))
+
+    def watches(self, listing: WatchListing) -> Content:
+        """The channel's watches, a section each with Pause or Resume and Delete buttons on those the person may
+        change; as text alone (changed with `/watches pause N` and the like) when they take more than one message's
+        blocks."""
+        if not listing.watches:
+            return Content(text=paragraph_to_mrkdwn(NO_WATCHES))
+        text = _watches_text(listing)
+        blocks = [section_block(WATCHES_HEADING)]
+        for watch in listing.watches:
+            blocks.append(section_block(_watch_mrkdwn(watch, separator="\n")))
+            if watch.may_change:
+                blocks.append(watch_buttons(watch))
+        if len(blocks) > BLOCKS_PER_MESSAGE:
+            return Content(text=f"{text}\n{WATCHES_WITHOUT_BUTTONS}")
+        return slack_content(text, blocks)
 
     def _greeting(self, report: Report, requester: str) -> str:
         question = escape_text(shortened(single_line(report.question) or title_and_body(report)[0], 300))
@@ -611,3 +647,48 @@ def _history_line(run: RunSummary) -> str:
     question = shortened(single_line(run.question), HISTORY_QUESTION_LIMIT)
     return (f"• {mrkdwn_link(thread_link(run.thread), question)} — {run.state} · {mode_name(run.mode)} · "
             f"{slack_date(run.created_at)} · run {run.run_id}")
+
+
+WATCHES_HEADING = "*Watches in this channel*"
+WATCHES_WITHOUT_BUTTONS = "_Too many to show with buttons: `/watches pause N`, `resume N` or `delete N` changes watch N._"
+WATCH_QUESTION_LIMIT = 120
+# Slack cuts `text` at 40,000 characters; the closing lines always fit under this.
+WATCHES_TEXT_BUDGET = 38_000
+
+
+def _watch_mrkdwn(watch: WatchSummary, *, separator: str) -> str:
+    """One watch as mrkdwn: number and question (escaped: it may neither ping nor link), schedule, next run, owner."""
+    question = escape_text(shortened(single_line(watch.question), WATCH_QUESTION_LIMIT))
+    parts = [f"*#{watch.watch_id}* {question}", escape_text(watch.when)]
+    if watch.state == "active":
+        parts.append(f"next {slack_date(watch.next_due_at)}")
+    parts.append(f"by {user_mention(watch.created_by)}")
+    return separator.join(parts)
+
+
+def _watches_text(listing: WatchListing) -> str:
+    """The listing as mrkdwn lines, as many as Slack's text field holds, the rest counted."""
+    lines = [WATCHES_HEADING]
+    used = len(WATCHES_HEADING)
+    for shown, watch in enumerate(listing.watches):
+        line = f"• {_watch_mrkdwn(watch, separator=' · ')}"
+        if used + len(line) + 1 > WATCHES_TEXT_BUDGET:
+            lines.append(f"…and {len(listing.watches) - shown} more.")
+            break
+        lines.append(line)
+        used += len(line) + 1
+    return "\n".join(lines)
+
+
+def watch_buttons(watch: WatchSummary) -> dict[str, Any]:
+    """Pause (an active watch) or Resume (a paused or stopped one), and Delete behind a confirmation; each button's
+    value is the watch id, its block named for the watch so that the action ids stay unique within it."""
+    value = str(watch.watch_id)
+    toggle = (button(WATCH_PAUSE_ACTION_ID, "Pause", value) if watch.state == "active"
+              else button(WATCH_RESUME_ACTION_ID, "Resume", value))
+    delete = {**button(WATCH_DELETE_ACTION_ID, "Delete", value), "style": "danger", "confirm": {
+        "title": {"type": "plain_text", "text": f"Delete watch #{watch.watch_id}?"},
+        "text": {"type": "plain_text", "text": "It will not run again. Its past reports stay in their threads."},
+        "confirm": {"type": "plain_text", "text": "Delete"}, "deny": {"type": "plain_text", "text": "Keep it"},
+        "style": "danger"}}
+    return {**actions_block([toggle, delete]), "block_id": f"deepthread_watch_{watch.watch_id}"}

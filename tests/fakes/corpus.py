@@ -90,6 +90,20 @@ class Corpus:
         self.pages.append(CorpusPage(url=self.web.url(url), title=title,
                                      facts=[sentence for sentence, _ in facts], numbers=[number for _, number in facts]))
 
+    def add_page(self, host_index: int, page_index: int) -> CorpusPage:
+        """Serve one more article of host `hosts[host_index]` from now on (the web changed); searches find it too."""
+        self._add_page(host_index, self.hosts[host_index], page_index)
+        return self.pages[-1]
+
+    def change_figure(self, page: CorpusPage, old: str, new: str) -> None:
+        """Rewrite `page` so that the figure `old` in its facts reads `new` (the web changed; its search snippet too)."""
+        page.facts = [fact.replace(old, new) for fact in page.facts]
+        page.numbers = [new if number == old else number for number in page.numbers]
+        host = page.url.split("//", 1)[1].split("/", 1)[0].split(":", 1)[0]
+        path = "/" + page.url.split("//", 1)[1].split("/", 1)[1]
+        paragraphs = [sentence + " " + FILLER for sentence in page.facts]
+        self.web.add(f"http://{host}{path}", Page(article_html(page.title, paragraphs, site_name=host)))
+
     def _results(self, provider: str, query: str) -> list[dict[str, Any]]:
         return [{"url": page.url, "title": page.title, "snippet": page.facts[0], "published": None, "score": 0.9}
                 for page in self.pages]

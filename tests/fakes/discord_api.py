@@ -17,6 +17,7 @@ every REST call is recorded, and the test drives users, commands, buttons and re
     discord_fake.calls("PATCH", path_contains="/messages/")  # DiscordCall list: method, path, json, status, time
     discord_fake.modal(click_id)                           # the modal the bot answered a click with, if any
     discord_fake.submit_modal(alice, click_id, {"comment": "…"})  # the person fills it in and submits it
+    discord_fake.choose(alice, channel, message_id, "menu-id", ["weekly"])  # a choice in a message's select menu
     discord_fake.add_attachment("notes.pdf", data)          # an attachment on the CDN (configure `cdn_url` as
     discord_fake.cdn_requests.all()                        # DISCORD_FILE_HOSTS); every request the CDN got
     discord_fake.send_command(alice, channel, "research", {"question": "…", "file": attachment})  # ATTACHMENT option
@@ -99,6 +100,12 @@ COMMAND_NAME = re.compile(r"^[-_a-z0-9]{1,32}$")
 COMPONENT_ACTION_ROW, COMPONENT_TEXT_INPUT, COMPONENT_TEXT_DISPLAY, COMPONENT_LABEL = 1, 4, 10, 18
 MODAL_TITLE_LIMIT, MODAL_COMPONENTS_LIMIT, CUSTOM_ID_LIMIT, LABEL_LIMIT, LABEL_DESCRIPTION_LIMIT = 45, 5, 100, 45, 100
 TEXT_INPUT_LIMIT, PLACEHOLDER_LIMIT, TEXT_DISPLAY_LIMIT = 4000, 100, 4000
+# Message components (developers/docs/components/reference): up to five action rows, each holding up to five buttons
+# or one select menu; custom ids unique in the message; a string select offers 1 to 25 options.
+COMPONENT_BUTTON, COMPONENT_STRING_SELECT = 2, 3
+BUTTONS_PER_ROW, BUTTON_LABEL_LIMIT, SELECT_OPTIONS_LIMIT = 5, 80, 25
+SELECT_PLACEHOLDER_LIMIT, OPTION_TEXT_LIMIT = 150, 100
+BUTTON_LINK = 5
 
 PERMISSION_ADD_REACTIONS, PERMISSION_VIEW_CHANNEL, PERMISSION_SEND_MESSAGES = 1 << 6, 1 << 10, 1 << 11
 PERMISSION_EMBED_LINKS, PERMISSION_ATTACH_FILES, PERMISSION_READ_HISTORY = 1 << 14, 1 << 15, 1 << 16
@@ -434,9 +441,61 @@ def message_form_errors(payload: dict[str, Any]) -> FormErrors:
     if total > EMBED_TOTAL_LIMIT:
         errors.add(("embeds",), "MAX_EMBED_SIZE_EXCEEDED", f"Embed size exceeds maximum size of {EMBED_TOTAL_LIMIT}")
     errors.too_long(("components",), payload.get("components") or [], COMPONENT_ROWS_LIMIT)
+    _component_errors(errors, payload.get("components") or [])
     if payload.get("nonce") is not None:
         errors.too_long(("nonce",), str(payload["nonce"]), NONCE_LIMIT)
     return errors
+
+
+def _component_errors(errors: FormErrors, rows: list[Any]) -> None:
+    """Discord's rules for a message's action rows, buttons and string select menus."""
+    seen: set[str] = set()
+    for index, row in enumerate(rows):
+        path: tuple[str | int, ...] = ("components", index)
+        if not isinstance(row, dict) or row.get("type") != COMPONENT_ACTION_ROW:
+            errors.add((*path, "type"), "UNION_TYPE_CHOICES", "Value of field \"type\" must be one of (1,).")
+            continue
+        inner = row.get("components") or []
+        kinds = [component.get("type") for component in inner if isinstance(component, dict)]
+        if COMPONENT_STRING_SELECT in kinds and len(inner) != 1:
+            errors.add((*path, "components"), "BASE_TYPE_BAD_LENGTH", "A row holds one select menu, or buttons.")
+        errors.too_long((*path, "components"), inner, BUTTONS_PER_ROW)
+        for position, component in enumerate(inner):
+            where = (*path, "components", position)
+            kind = component.get("type")
+            if kind == COMPONENT_BUTTON and component.get("style") == BUTTON_LINK:
+                continue
+            custom_id = str(component.get("custom_id") or "")
+            if not custom_id:
+                errors.add((*where, "custom_id"), "BASE_TYPE_REQUIRED", "This field is required")
+            errors.too_long((*where, "custom_id"), custom_id, CUSTOM_ID_LIMIT)
+            if custom_id in seen:
+                errors.add((*where, "custom_id"), "COMPONENT_CUSTOM_ID_DUPLICATED",
+                           "Component custom id cannot be duplicated")
+            seen.add(custom_id)
+            if kind == COMPONENT_BUTTON:
+                errors.too_long((*where, "label"), str(component.get("label") or ""), BUTTON_LABEL_LIMIT)
+            elif kind == COMPONENT_STRING_SELECT:
+                options = component.get("options") or []
+                if not options:
+                    errors.add((*where, "options"), "BASE_TYPE_REQUIRED", "This field is required")
+                errors.too_long((*where, "options"), options, SELECT_OPTIONS_LIMIT)
+                errors.too_long((*where, "placeholder"), str(component.get("placeholder") or ""),
+                                SELECT_PLACEHOLDER_LIMIT)
+                for number, option in enumerate(options):
+                    for key in ("label", "value", "description"):
+                        errors.too_long((*where, "options", number, key), str(option.get(key) or ""),
+                                        OPTION_TEXT_LIMIT)
+                if sum(bool(option.get("default")) for option in options) > int(component.get("max_values") or 1):
+                    errors.add((*where, "options"), "SELECT_COMPONENT_TOO_MANY_DEFAULTS",
+                               "More default options than max_values")
+            else:
+                errors.add((*where, "type"), "UNION_TYPE_CHOICES", "Value of field \"type\" must be one of (2, 3).")
+
+
+def message_components(message: DiscordMessage) -> list[dict[str, Any]]:
+    """The buttons and select menus of a message, in reading order, out of their action rows."""
+    return [component for row in message.components for component in row.get("components") or []]
 
 
 def is_empty_message(content: Any, embeds: Any, components: Any, attachments: Any, payload: dict[str, Any]) -> bool:
@@ -817,6 +876,29 @@ class FakeDiscord(LoopbackFake):
             interaction = self._dispatch_interaction(
                 INTERACTION_MESSAGE_COMPONENT, user, channel, channel.guild_id,
                 {"custom_id": custom_id, "component_type": 2}, app_permissions=app_permissions, message=message)
+            return interaction.id
+
+    def choose(self, user: FakeUser, channel_id: int, message_id: int, custom_id: str, values: list[str], *,
+               app_permissions: int = BOT_PERMISSIONS) -> int:
+        """`user` picks `values` in select menu `custom_id` of a message: INTERACTION_CREATE with the values, as Discord
+        sends it (component type 3); returns the interaction id. As on Discord, the menu must be on the message and the
+        values among its options, as many as it allows."""
+        with self._lock:
+            channel = self._channel(int(channel_id))
+            message = self._message(channel.id, int(message_id))
+            menu = next((component for component in message_components(message)
+                         if component.get("custom_id") == custom_id), None)
+            if menu is None or menu.get("type") != COMPONENT_STRING_SELECT:
+                raise AssertionError(f"message {message_id} has no select menu {custom_id!r}")
+            offered = {option["value"] for option in menu.get("options") or []}
+            if set(values) - offered:
+                raise AssertionError(f"the menu offers no {sorted(set(values) - offered)}")
+            if not int(menu.get("min_values", 1)) <= len(values) <= int(menu.get("max_values", 1)):
+                raise AssertionError(f"the menu takes {menu.get('min_values', 1)} to {menu.get('max_values', 1)} values")
+            interaction = self._dispatch_interaction(
+                INTERACTION_MESSAGE_COMPONENT, user, channel, channel.guild_id,
+                {"custom_id": custom_id, "component_type": COMPONENT_STRING_SELECT, "values": list(values)},
+                app_permissions=app_permissions, message=message)
             return interaction.id
 
     def submit_modal(self, user: FakeUser, interaction_id: int, values: dict[str, str], *,

@@ -16,8 +16,12 @@ call. Because it is a real loopback server, Celery workers in other processes ca
     slack.stream("C1", ts)                                # SlackStream: what chat.*Stream did to a message
     slack.expire_streams()                                # as Slack does after a pause: appends and stops now fail
     slack.add_file("notes.pdf", data, channel="C1")        # a file a person shared: files.info and the file host
+    slack.set_timezone("U1", "Asia/Tokyo")                # users.info's `tz` for U1 (a person it knows)
     slack.redirect_downloads("http://elsewhere/x")         # the file host answers the next download with a redirect
     slack.file_requests.all()                             # every request the file host got, with its headers
+
+`users.info` knows the people added with `add_user` or `set_timezone` (their `tz` America/New_York unless set) and
+answers `user_not_found` for anyone else.
 
 Shared files are served as Slack serves them: `files.info` describes them (the file object, or `file_not_found`,
 `file_deleted`), and the file host (configure `file_host` as SLACK_FILE_HOSTS) serves `url_private` and
@@ -29,12 +33,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
+import datetime as dt
 import itertools
 import json
 import mimetypes
 import sys
 import threading
 import time
+import zoneinfo
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,6 +78,7 @@ STREAM_IDLE_SECONDS = 300.0
 STREAM_TEXT_LIMIT = 12_000
 # Where Slack's file host sends a download without a valid token: the workspace's sign-in page (not a file host).
 SIGN_IN_URL = "https://fake-workspace.slack.com/"
+DEFAULT_TIMEZONE = "America/New_York"
 
 
 @dataclass
@@ -494,8 +501,15 @@ class FakeSlack(LoopbackFake):
             return message.ts
 
     def add_user(self, user_id: str, name: str, **fields: Any) -> None:
-        """A user that `users.info` knows by this name (others get a made-up profile)."""
-        self.users[user_id] = {"id": user_id, "name": name, "real_name": name, **fields}
+        """A user that `users.info` knows by this name (with the time zone `tz` when given)."""
+        with self._lock:
+            self.users[user_id] = {"id": user_id, "name": name, "real_name": name, **fields}
+
+    def set_timezone(self, user_id: str, timezone: str) -> None:
+        """The IANA zone `users.info` says `user_id` is in (`tz`), adding the user when new."""
+        with self._lock:
+            known = self.users.get(user_id) or {"id": user_id, "name": user_id.lower(), "real_name": f"User {user_id}"}
+            self.users[user_id] = {**known, "tz": timezone}
 
     # --- reading what happened -------------------------------------------------------------------
 
@@ -834,12 +848,14 @@ class FakeSlack(LoopbackFake):
         return {"ok": True, "messages": answer, "has_more": False, "response_metadata": {"next_cursor": ""}}
 
     def _user_info(self, params: dict[str, Any]) -> dict[str, Any]:
-        user_id = str(params.get("user", ""))
-        if not user_id:
+        user = self.users.get(str(params.get("user", "")))
+        if user is None:
             return {"ok": False, "error": "user_not_found"}
-        user = self.users.get(user_id) or {"id": user_id, "name": user_id.lower(), "real_name": f"User {user_id}"}
+        timezone = str(user.get("tz") or DEFAULT_TIMEZONE)
+        offset = dt.datetime.now(zoneinfo.ZoneInfo(timezone)).utcoffset() or dt.timedelta()
         profile = {"display_name": user["name"], "real_name": user["real_name"]}
-        return {"ok": True, "user": {"team_id": self.team_id, "deleted": False, "is_bot": False, "tz": "UTC",
+        return {"ok": True, "user": {"team_id": self.team_id, "deleted": False, "is_bot": False, "tz": timezone,
+                                     "tz_label": timezone, "tz_offset": int(offset.total_seconds()),
                                      "profile": profile, **user}}
 
     def _upload_url(self, params: dict[str, Any]) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from starlette.routing import Route
 
 from tests.fakes.server import LoopbackFake, LoopbackServer, free_port
 from tests.fakes.slack_api import FakeSlack
+from tests.fakes.slack_interactivity import Choice, submission_state
 
 FORM = "application/x-www-form-urlencoded"
 JSON = "application/json"
@@ -182,25 +183,30 @@ class SlackEventSender:
 
     def block_action(self, action_id: str, value: str, *, user: str, channel: str, message_ts: str,
                      thread_ts: str | None = None, label: str = "Button", trigger_id: str | None = None,
-                     element_type: str = "button") -> SlackRequest:
+                     element_type: str = "button", block_id: str = "deepthread_run",
+                     ephemeral: bool = False) -> SlackRequest:
         """A `block_actions` payload for a button click on the bot's message (form field `payload`); `trigger_id` as
-        the fake Web API issued it (`FakeSlack.views.issue_trigger_id`) when the bot is to open a modal with it."""
+        the fake Web API issued it (`FakeSlack.views.issue_trigger_id`) when the bot is to open a modal with it. A
+        click on an `ephemeral` message (a reply only the person saw) carries no `message`, only its container."""
         number = self.next_number()
         message: dict[str, Any] = {"type": "message", "user": self.bot_user_id, "bot_id": "B0BOT", "ts": message_ts,
                                    "text": "status", "team": self.team_id}
-        container: dict[str, Any] = {"type": "message", "message_ts": message_ts, "channel_id": channel, "is_ephemeral": False}
+        container: dict[str, Any] = {"type": "message", "message_ts": message_ts, "channel_id": channel,
+                                     "is_ephemeral": ephemeral}
         if thread_ts:
             message["thread_ts"] = thread_ts
             container["thread_ts"] = thread_ts
-        payload = {
+        payload: dict[str, Any] = {
             "type": "block_actions", "user": {"id": user, "username": user.lower(), "name": user.lower(), "team_id": self.team_id},
             "api_app_id": self.api_app_id, "token": VERIFICATION_TOKEN, "container": container,
             "trigger_id": trigger_id or f"{number}.{number}.trigger", "team": {"id": self.team_id, "domain": "fake-workspace"},
             "enterprise": None, "is_enterprise_install": False, "channel": {"id": channel, "name": "research"},
             "message": message, "state": {"values": {}}, "response_url": f"{self.response_url}/actions/{number}",
-            "actions": [{"action_id": action_id, "block_id": "deepthread_run", "text": {"type": "plain_text", "text": label},
+            "actions": [{"action_id": action_id, "block_id": block_id, "text": {"type": "plain_text", "text": label},
                          "value": value, "type": element_type, "action_ts": f"{time.time():.6f}"}],
         }
+        if ephemeral:
+            del payload["message"]
         return SlackRequest(body=urlencode({"payload": json.dumps(payload)}), content_type=FORM)
 
     def feedback_click(self, value: str, *, user: str, channel: str, message_ts: str, thread_ts: str | None = None,
@@ -210,16 +216,16 @@ class SlackEventSender:
                                  label="👎" if value.startswith("bad") else "👍", trigger_id=trigger_id,
                                  element_type="feedback_buttons")
 
-    def view_submission(self, view: dict[str, Any], values: dict[str, dict[str, str]], *, user: str) -> SlackRequest:
-        """A modal submitted: `view` as `views.open` answered it, the inputs' `values` as {block_id: {action_id: text}}."""
+    def view_submission(self, view: dict[str, Any], values: dict[str, dict[str, Choice]], *, user: str) -> SlackRequest:
+        """A modal submitted: `view` as `views.open` answered it, the person's choices as {block_id: {action_id:
+        choice}} (a text, a select's option value, checkboxes' option values, None for an input emptied); the inputs
+        left alone keep their initial values, as Slack sends them (`submission_state`)."""
         number = self.next_number()
-        state = {block_id: {action_id: {"type": "plain_text_input", "value": text} for action_id, text in actions.items()}
-                 for block_id, actions in values.items()}
         payload = {
             "type": "view_submission", "team": {"id": self.team_id, "domain": "fake-workspace"},
             "user": {"id": user, "username": user.lower(), "name": user.lower(), "team_id": self.team_id},
             "api_app_id": self.api_app_id, "token": VERIFICATION_TOKEN, "trigger_id": f"{number}.{number}.trigger",
-            "view": {**view, "state": {"values": state}}, "response_urls": [], "is_enterprise_install": False,
+            "view": {**view, "state": submission_state(view, values)}, "response_urls": [], "is_enterprise_install": False,
             "enterprise": None,
         }
         return SlackRequest(body=urlencode({"payload": json.dumps(payload)}), content_type=FORM)

@@ -7,6 +7,7 @@ import asyncio
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import discord.gateway
 import discord.http
@@ -18,7 +19,13 @@ from bot.discord.app import DiscordBot, discover
 from bot.discord.bundle import BUNDLE as DISCORD
 from bot.discord.bundle import http as discord_http
 from config import Settings
-from tests.fakes.discord_api import FakeDiscord
+from tests.fakes.discord_api import (
+    COMPONENT_BUTTON,
+    COMPONENT_STRING_SELECT,
+    DiscordMessage,
+    FakeDiscord,
+    message_components,
+)
 
 # Nothing listens here: discord.py reaches the fake only if the bot points it there from DISCORD_API_URL.
 NOWHERE = "http://127.0.0.1:9"
@@ -40,6 +47,23 @@ def cluster_settings(fake: FakeDiscord) -> dict[str, str]:
     its CDN as the only origin shared attachments are downloaded from (DISCORD_FILE_HOSTS)."""
     return {"discord_bot_token": fake.token, "discord_api_url": fake.api_url, "discord_guild_ids": str(fake.guild_id),
             "discord_file_hosts": fake.cdn_url}
+
+
+def buttons_of(message: DiscordMessage) -> dict[str, str]:
+    """A message's buttons: label → custom id."""
+    return {component["label"]: component["custom_id"] for component in message_components(message)
+            if component.get("type") == COMPONENT_BUTTON}
+
+
+def menus_of(message: DiscordMessage) -> dict[str, dict[str, Any]]:
+    """A message's select menus by their placeholder."""
+    return {component["placeholder"]: component for component in message_components(message)
+            if component.get("type") == COMPONENT_STRING_SELECT}
+
+
+def chosen(menu: dict[str, Any]) -> list[str]:
+    """The values a select menu shows as chosen (its default options)."""
+    return [option["value"] for option in menu.get("options") or [] if option.get("default")]
 
 
 def discord_core(settings: Settings) -> ConversationCore:

@@ -19,9 +19,10 @@ from tests.integration.workers import Cluster
 SCREEN = {"COLUMNS": "160", "LINES": "50"}
 
 
-def spawn_chat(cluster: Cluster, tmp_path: Path) -> pexpect.spawn:
-    """`deepthread chat` on the cluster's settings in a 160×50 pseudo-terminal, once it shows its prompt."""
-    environment = {**cluster.environment, **SCREEN, "DATA_DIR": str(tmp_path / "data")}
+def spawn_chat(cluster: Cluster, tmp_path: Path, environment: dict[str, str] | None = None) -> pexpect.spawn:
+    """`deepthread chat` on the cluster's settings (and `environment`'s, such as TZ) in a 160×50 pseudo-terminal, once
+    it shows its prompt."""
+    environment = {**cluster.environment, **SCREEN, "DATA_DIR": str(tmp_path / "data"), **(environment or {})}
     child = pexpect.spawn(sys.executable, ["-m", "bot.cli", "chat"], env=environment, cwd=str(tmp_path),
                           encoding="utf-8", codec_errors="replace", timeout=60,
                           dimensions=(50, 160))
@@ -33,10 +34,10 @@ def spawn_chat(cluster: Cluster, tmp_path: Path) -> pexpect.spawn:
 
 
 @contextlib.contextmanager
-def chat_with_a_worker(corpus: Corpus, tmp_path: Path, redis_url: str,
+def chat_with_a_worker(corpus: Corpus, tmp_path: Path, redis_url: str, *, chat_environment: dict[str, str] | None = None,
                        **cluster_options: Any) -> Iterator[tuple[Cluster, pexpect.spawn]]:
-    """A worker on a fresh Redis and SQLite database in `tmp_path`, and `deepthread chat` beside it at its prompt;
-    both stopped afterwards."""
+    """A worker on a fresh Redis and SQLite database in `tmp_path`, and `deepthread chat` beside it at its prompt
+    (with `chat_environment` added to the cluster's); both stopped afterwards."""
     from storage.redis import connect
 
     connect(redis_url).flushall()
@@ -45,7 +46,7 @@ def chat_with_a_worker(corpus: Corpus, tmp_path: Path, redis_url: str,
     cluster.start_worker("w1")
     child: pexpect.spawn | None = None
     try:
-        child = spawn_chat(cluster, tmp_path)
+        child = spawn_chat(cluster, tmp_path, chat_environment)
         yield cluster, child
     finally:
         if child is not None and child.isalive():

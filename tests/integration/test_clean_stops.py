@@ -121,7 +121,7 @@ def test_up_without_a_terminal_stops_its_worker_before_it_exits_on_sigterm_and_l
     assert commands.stop("up", signal.SIGTERM) == 0, commands.log("up")
     # Under a service manager `up` exits only once its children have.
     assert gone(worker.pid)
-    assert "Stopping worker…" in commands.log("up")
+    assert "Stopping worker, beat…" in commands.log("up")
     wait_for(lambda: gone(redis_pid), "the embedded Redis to exit", 30)
     assert redis_servers_in(commands.workdir / "data") == []
 

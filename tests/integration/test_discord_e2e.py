@@ -312,7 +312,7 @@ def test_commands_sync_globally_only_when_asked(tmp_path: Path, redis_url: str) 
         for world in discord_world(tmp_path, redis_url, corpus, sync_globally=True):
             scopes = {sync.guild_id for sync in world.fake.synced_commands}
             assert scopes == {world.fake.guild_id, None}
-            assert {command["name"] for command in world.fake.commands()} == {"research", "plan", "ask", "history"}
+            assert {command["name"] for command in world.fake.commands()} == {"research", "plan", "ask", "history", "watches"}
 
 
 def test_in_a_direct_message_the_conversation_is_the_dm_itself(tmp_path: Path, redis_url: str) -> None:

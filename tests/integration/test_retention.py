@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 from bot.cli import app
 from storage.db import make_engine, make_session_factory
 from storage.migrate import upgrade
-from storage.models import Citation, Conversation, Event, Feedback, Message, Passage, Run, Source
+from storage.vocabulary import WatchSchedule
+from storage.models import Citation, Conversation, Event, Feedback, Message, Passage, Run, Source, Watch
 from storage.retention import PruneCounts, count_prunable, count_workspace, forget_workspace, parse_age, prune
 
 pytestmark = pytest.mark.integration
@@ -231,18 +232,24 @@ def test_prune_command_forgets_one_workspace_and_wants_an_age_or_a_workspace(tmp
     threads = Threads(make_session_factory(engine))
     threads.run(threads.conversation(created_at=NOW, workspace="T0GONE"), created_at=NOW)
     kept = threads.run(threads.conversation(created_at=NOW, workspace="T0KEPT"), created_at=NOW)
+    with make_session_factory(engine).begin() as session:  # a watch in each workspace
+        session.add_all([Watch(platform="slack", workspace=workspace, channel="C1", thread="1.1", created_by="slack:U1",
+                               question="Tides?", schedule=WatchSchedule(cadence="daily", hour=9), next_due_at=NOW)
+                         for workspace in ("T0GONE", "T0KEPT")])
     runner = CliRunner()
 
     dry = runner.invoke(app, ["prune", "--workspace", "T0GONE", "--dry-run"])
     assert dry.exit_code == 0, dry.output
     assert dry.output.startswith("Would delete everything stored of workspace T0GONE: 1 conversation, with 2 messages "
-                                 "and 1 run (with 2 sources, 3 passages, 2 citations and 4 events).")
-    assert threads.left(Run) == 2
+                                 "and 1 run (with 2 sources, 3 passages, 2 citations and 4 events), and 1 watch.")
+    assert threads.left(Run) == 2 and threads.left(Watch) == 2
 
     done = runner.invoke(app, ["prune", "--workspace", "T0GONE"])
     assert done.exit_code == 0, done.output
     assert done.output.startswith("Deleted everything stored of workspace T0GONE: 1 conversation")
     assert threads.ids(Run) == {kept} and threads.left(Message) == 2
+    with make_session_factory(engine)() as session:
+        assert [watch.workspace for watch in session.scalars(select(Watch))] == ["T0KEPT"]
 
     for arguments in ([], ["--older-than", "90d", "--workspace", "T0KEPT"]):
         refused = runner.invoke(app, ["prune", *arguments])

@@ -67,6 +67,14 @@ class Cluster:
         self.workers[name] = process
         return process
 
+    def start_beat(self, name: str) -> subprocess.Popen[bytes]:
+        """A `deepthread beat` process on the cluster's settings (its ticks go to the workers' queue)."""
+        log = open(self.workdir / f"{name}.log", "wb")
+        process = subprocess.Popen([sys.executable, "-m", "bot.cli", "beat"], env=self.environment, cwd=self.workdir,
+                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.workers[name] = process
+        return process
+
     def kill(self, name: str) -> None:
         os.killpg(self.workers[name].pid, signal.SIGKILL)
         self.workers[name].wait(timeout=10)

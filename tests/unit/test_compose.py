@@ -112,7 +112,8 @@ def test_a_platform_service_without_its_token_stops_once_instead_of_restarting(m
 
 def test_the_manifest_asks_only_for_scopes_the_code_uses() -> None:
     manifest = yaml.safe_load((ROOT / "slack" / "manifest.yml").read_text())
-    assert "users:read" not in manifest["oauth_config"]["scopes"]["bot"]
+    # users:read is asked for users.info alone: a person's time zone, which their watches run in (bot.slack.watches).
+    assert "users:read" in manifest["oauth_config"]["scopes"]["bot"]
 
 
 def test_every_third_party_service_runs_an_executable_its_image_has() -> None:
@@ -152,7 +153,7 @@ def test_deepthread_services_probe_healthz_on_the_port_they_serve() -> None:
     one_shots = one_shot_services(services)
     probes = {name: service["healthcheck"]["test"] for name, service in services.items()
               if "build" in service and name not in one_shots}
-    assert set(probes) == {"worker", "slack", "discord"}
+    assert set(probes) == {"worker", "beat", "slack", "discord"}
     assert all(test[:2] == ["CMD", "deepthread-healthcheck"] and len(test) == 3 for test in probes.values()), probes
     slack_command = services["slack"]["command"]
     assert probes["slack"][2] == slack_command[slack_command.index("--port") + 1]

@@ -110,8 +110,8 @@ def test_a_20000_character_report_arrives_whole_as_messages_with_export_and_feed
     buttons = [component for content in delivery.messages for row in content.extra["discord"].get("components", [])
                for component in row["components"]]
     assert [button["custom_id"] for button in buttons] == [f"{EXPORT_PREFIX}9", "deepthread:feedback:good:9",
-                                                           "deepthread:feedback:bad:9"]
-    assert [button.get("label") for button in buttons] == ["Export Markdown", "👍", "👎"]
+                                                           "deepthread:feedback:bad:9", "deepthread:watch:9"]
+    assert [button.get("label") for button in buttons] == ["Export Markdown", "👍", "👎", "Watch this"]
     assert "components" in delivery.messages[-1].extra["discord"]
 
 
@@ -121,7 +121,7 @@ def test_a_report_sent_as_a_file_has_the_export_and_feedback_buttons_under_its_s
     [summary] = delivery.messages
     [row] = summary.extra["discord"]["components"]
     assert [button["custom_id"] for button in row["components"]] == [
-        f"{EXPORT_PREFIX}9", "deepthread:feedback:good:9", "deepthread:feedback:bad:9"]
+        f"{EXPORT_PREFIX}9", "deepthread:feedback:good:9", "deepthread:feedback:bad:9", "deepthread:watch:9"]
 
 
 def test_a_very_long_report_becomes_a_summary_and_report_md() -> None:

@@ -21,6 +21,7 @@ from chat.slack.render import (
     CONTINUE_ACTION_ID,
     EXPORT_ACTION_ID,
     RETRY_ACTION_ID,
+    WATCH_ACTION_ID,
     SlackRenderer,
     blocks_of,
     slack_content,
@@ -29,6 +30,7 @@ from chat.slack.render import (
 )
 from chat.state import initial_progress
 from bot.slack.app import COMMANDS, build_slack_app, history_before, without_bot_mention
+from bot.slack.watches import WATCHES_COMMAND
 from bot.slack.dedupe import CLAIM_SECONDS, EVENT_KEY, MemoryEventDeduper, RedisEventDeduper
 from config import load_settings
 from research.report import Report, ReportSource
@@ -427,7 +429,8 @@ def small_report() -> Report:
 @pytest.mark.parametrize("use_markdown_blocks", [True, False])
 def test_delivered_report_ends_with_an_export_button(use_markdown_blocks: bool) -> None:
     delivery = SlackRenderer(use_markdown_blocks=use_markdown_blocks).report(small_report(), requester="slack:U1", run_id=9)
-    assert buttons_of(blocks_of(delivery.messages[-1])) == [(EXPORT_ACTION_ID, "9")]
+    # A research report can be watched: "Watch this" sits beside the export button.
+    assert buttons_of(blocks_of(delivery.messages[-1])) == [(EXPORT_ACTION_ID, "9"), (WATCH_ACTION_ID, "9")]
     assert all(buttons_of(blocks_of(message)) == [] for message in delivery.messages[:-1])
 
 
@@ -447,7 +450,7 @@ def test_export_button_gets_a_message_of_its_own_when_the_last_one_is_full() -> 
 
 def test_manifest_declares_every_command_event_and_button_the_app_handles() -> None:
     manifest = yaml.safe_load((Path(__file__).resolve().parents[2] / "slack" / "manifest.yml").read_text())
-    assert {command["command"] for command in manifest["features"]["slash_commands"]} == set(COMMANDS)
+    assert {command["command"] for command in manifest["features"]["slash_commands"]} == {*COMMANDS, WATCHES_COMMAND}
     events = set(manifest["settings"]["event_subscriptions"]["bot_events"])
     assert {"app_mention", "message.channels", "message.groups", "message.im", "reaction_added"} <= events
     assert manifest["settings"]["interactivity"]["is_enabled"] is True

@@ -1,4 +1,4 @@
-"""watches: research that comes back on its own schedule; a run's watch; a source's checksum
+"""watches: research that comes back on its own schedule; a run's watch; a source's checksum; a workspace's time zone
 
 Revision ID: 0010
 Revises: 0009
@@ -54,9 +54,19 @@ def upgrade() -> None:
                                     ondelete='SET NULL')
     with op.batch_alter_table('sources', schema=None) as batch_op:
         batch_op.add_column(sa.Column('checksum', sa.String(length=64), nullable=True))
+    op.create_table(
+        'workspace_settings',
+        sa.Column('platform', sa.String(length=16), nullable=False),
+        sa.Column('workspace', sa.String(length=64), nullable=False),
+        sa.Column('timezone', sa.String(length=64), nullable=False),
+        sa.Column('updated_by', sa.String(length=64), nullable=True),
+        sa.Column('updated_at', storage.models.UTCDateTime(timezone=True), nullable=False),
+        sa.PrimaryKeyConstraint('platform', 'workspace', name=op.f('pk_workspace_settings')),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table('workspace_settings')
     with op.batch_alter_table('sources', schema=None) as batch_op:
         batch_op.drop_column('checksum')
     with op.batch_alter_table('runs', schema=None) as batch_op:
