@@ -92,6 +92,16 @@ class AnswerStreaming(Protocol):
         ...
 
 
+@runtime_checkable
+class DirectMessaging(Protocol):
+    """A messenger that can write to one person privately (a direct message from the bot), where the platform lets a
+    bot start one; raises MessengerError as `Messenger`'s methods do."""
+
+    async def direct(self, workspace: str, user: str, content: Content) -> MessageRef:
+        """Send `content` to `user` (the platform's own id, without the platform's name) of `workspace`."""
+        ...
+
+
 async def open_thread_under_title(messenger: Messenger, place: Place, *, title: Content, status: Content) -> OpenedThread:
     """The common shape of `open_thread`: the title posted in the channel, the status message in its thread."""
     root = await messenger.post(place, title)

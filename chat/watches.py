@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 
+from chat.message import DirectMessaging, Messenger
 from chat.state import RunProgress
 from chat.text import shortened, single_line
 from research.report import Report, WatchComparison
 from storage.vocabulary import WatchSchedule, WatchState, zone_of
+from storage.watches import WatchView
+
+if TYPE_CHECKING:
+    from chat.render import PlatformRenderer  # which imports this module's listing
+
+logger = logging.getLogger(__name__)
 
 NO_WATCHES = ("No watches in this channel yet. Under a finished report, press **Watch this** to have it come back on "
               "its own.")
@@ -99,3 +108,24 @@ def quiet_line(progress: RunProgress, comparison: WatchComparison | None) -> str
         return "🔭 This watch's run ran out of time before it could write a report; it runs again at its next time."
     reason = f": {shortened(single_line(progress.error), 200)}" if progress.error else ""
     return f"🔭 This watch's run failed{reason}. It runs again at its next time."
+
+
+def stopped_line(question: str, reason: str) -> str:
+    """What a watch's owner is told, once, when it stops for good."""
+    return (f"🔭 Your watch of “{shortened(single_line(question), 150)}” stopped: {reason}. Its past reports stay in "
+            "their threads; make a new watch under a report elsewhere if you still want it.")
+
+
+async def tell_owner_stopped(messenger: Messenger, renderer: PlatformRenderer, watch: WatchView) -> bool:
+    """A direct message to the owner of a watch that just stopped, where the platform lets the bot write one; whether
+    it went out (a refusal is logged, never raised)."""
+    if not isinstance(messenger, DirectMessaging):
+        return False
+    owner = watch.created_by.split(":", 1)[-1]
+    try:
+        await messenger.direct(watch.workspace, owner, renderer.notice(stopped_line(watch.question,
+                                                                                  watch.stopped_reason or "")))
+    except Exception as error:
+        logger.warning("could not tell the owner of watch %s that it stopped (%s)", watch.id, error)
+        return False
+    return True

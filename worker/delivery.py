@@ -290,7 +290,8 @@ class RunDelivery:
                 await self._final_status(progress)
         except Exception as error:
             if self.watch_id is not None and is_lasting_refusal(error):
-                await stop_watch_for_good(self.sessions, self.watch_id, error)
+                await stop_watch_for_good(self.sessions, self.watch_id, error,
+                                          Outbound(messenger=self.messenger, renderer=self.renderer))
             return await self._after_failed_attempt(progress, error)
         await amark_delivered(self.sessions, self.run_id, progress.attempt)
         return DeliveryOutcome.DELIVERED

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from chat.message import Messenger, MessengerError, Place
 from chat.platform import Outbound
 from chat.text import shortened, single_line
+from chat.watches import tell_owner_stopped
 from ops.metrics import Metrics
 from research.changes import Change, PassageSnapshot, SourceSnapshot, changes_markdown, compute_changes
 from research.report import CitedPassage, Report, ReportSource, WatchComparison
@@ -111,12 +112,14 @@ async def say_in_thread(messenger: Messenger, place: Place, parts: Outbound, tex
 
 
 
-async def stop_watch_for_good(sessions: Sessions, watch_id: int, error: BaseException) -> None:
-    """The platform refused the watch's place for good (a channel gone, the app removed): stop the watch, saying why."""
+async def stop_watch_for_good(sessions: Sessions, watch_id: int, error: BaseException, parts: Outbound) -> None:
+    """The platform refused the watch's place for good (a channel gone, the app removed): stop the watch, saying why
+    in `/watches`, and, once, to its owner directly where the platform lets the bot."""
     reason = error.reason if isinstance(error, MessengerError) else type(error).__name__
     stopped = await astop_watch(sessions, watch_id, f"its channel can no longer be posted in ({reason})")
     if stopped is not None:
         logger.warning("watch %s stopped: the platform refused its channel for good (%s)", watch_id, reason)
+        await tell_owner_stopped(parts.messenger, parts.renderer, stopped)
 
 
 # -- what changed, computed as a watch's run ends --------------------------------------------------------------------

@@ -43,6 +43,7 @@ from chat.message import Content, FileUpload, MessageRef, Messenger, Place
 from chat.render import PlatformRenderer
 from chat.state import RunProgress, initial_progress
 from chat.text import shortened, single_line
+from chat.watches import tell_owner_stopped
 from research.files import FileRef
 from research.report import EXPORTERS, ExportFormat, Report
 from storage.conversations import (
@@ -111,6 +112,9 @@ class ConversationCore:
                                          created_by=owner, channel=channel)
         if stopped:
             logger.info("stopped %d watches: %s", len(stopped), reason)
+        if owner is None:  # an owner who left cannot be told; the others are, once, where the platform lets the bot
+            for watch in stopped:
+                await tell_owner_stopped(self.messenger, self.renderer, watch)
 
     async def handle(self, event: ChatEvent) -> Outcome:
         """What `event` means, done; replies for the adapter to deliver are in the outcome."""

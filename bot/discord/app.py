@@ -32,6 +32,7 @@ from discord import app_commands
 from bot.conversation.events import ChatEvent, ConversationHandler, Outcome, Reply, Visibility
 from bot.discord.events import (
     COMMANDS,
+    PLATFORM,
     WATCHES_COMMAND,
     Depth,
     WatchesAction,
@@ -206,6 +207,7 @@ class DiscordBot:
         self.client.event(self.on_message)
         self.client.event(self.on_raw_reaction_add)
         self.client.event(self.on_interaction)
+        self.client.event(self.on_guild_channel_delete)
 
     def _command(self, name: str) -> app_commands.Command[Any, Any, None]:
         if name == "ask":
@@ -404,6 +406,14 @@ class DiscordBot:
                 return
             event = event.model_copy(update={"thread": str(message.id)})
         await self._handle(event, self._direct_message_sender(message.author.id))
+
+    async def on_guild_channel_delete(self, channel: discord.abc.GuildChannel) -> None:
+        """A channel deleted: the watches made in it stop, saying why (`/watches`)."""
+        try:
+            await self.core.stop_watches(PLATFORM, str(channel.guild.id), channel=str(channel.id),
+                                         reason="its channel was deleted")
+        except Exception:
+            logger.exception("could not stop the watches of deleted channel %s", channel.id)
 
     async def on_raw_reaction_add(self, payload: discord.RawReactionActionEvent) -> None:
         """A reaction: the core decides whether it cancels a run or approves a plan; others are ignored."""

@@ -528,6 +528,27 @@ class SlackListeners:
             else:
                 logger.warning("app_uninstalled named no workspace; its stored threads are kept")
 
+    async def on_user_change(self, body: dict[str, Any], context: AsyncBoltContext) -> None:
+        """`user_change`: a person deactivated (`deleted`) no longer owns running watches; theirs stop, saying why."""
+        user = body.get("event", {}).get("user") or {}
+        workspace = context.team_id or str(body.get("team_id") or "")
+        if user.get("deleted") and user.get("id") and workspace:
+            await self.core.stop_watches(PLATFORM, workspace, owner=f"{PLATFORM}:{user['id']}",
+                                         reason="its owner's account was deactivated")
+
+    async def on_channel_gone(self, body: dict[str, Any], context: AsyncBoltContext) -> None:
+        """`channel_deleted`, `channel_archive` (and the `group_` ones of private channels): the channel's watches stop,
+        saying why."""
+        event = body.get("event", {})
+        channel = event.get("channel")
+        workspace = context.team_id or str(body.get("team_id") or "")
+        if isinstance(channel, dict):
+            channel = channel.get("id")
+        if channel and workspace:
+            gone = "archived" if str(event.get("type", "")).endswith("archive") else "deleted"
+            await self.core.stop_watches(PLATFORM, workspace, channel=str(channel),
+                                         reason=f"its channel was {gone}")
+
     async def _where_the_bot_can_post(self, client: AsyncWebClient, event: ChatEvent, bot_user_id: str | None,
                                       send_private: PrivateSender) -> ChatEvent | None:
         """The event with what Slack says of its channel's visibility, or None (the person told how to invite the bot)
@@ -600,6 +621,10 @@ def build_slack_app(settings: Settings, core: ConversationHandler, *, client: As
     return app
 
 
+# A channel a watch posts in, gone: its watches stop (the bot_events of slack/manifest.yml).
+CHANNEL_GONE_EVENTS = ("channel_deleted", "channel_archive", "group_deleted", "group_archive")
+
+
 def register_listeners(app: AsyncApp, listeners: SlackListeners) -> None:
     """Attach the replay and dedupe middleware and every listener to `app`."""
     app.middleware(listeners.refuse_replayed_requests)
@@ -612,6 +637,9 @@ def register_listeners(app: AsyncApp, listeners: SlackListeners) -> None:
     app.event("message")(listeners.on_message)
     app.event("reaction_added")(listeners.on_reaction)
     app.event("app_uninstalled")(listeners.on_app_uninstalled)
+    app.event("user_change")(listeners.on_user_change)
+    for channel_event in CHANNEL_GONE_EVENTS:
+        app.event(channel_event)(listeners.on_channel_gone)
     for action_id in ACTION_IDS:
         app.action(action_id)(listeners.on_action)
     app.action(FEEDBACK_ACTION_ID)(listeners.on_feedback)

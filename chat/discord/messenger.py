@@ -113,6 +113,7 @@ class Route:
 MESSAGES = "/channels/{channel}/messages"
 MESSAGE = "/channels/{channel}/messages/{message}"
 THREAD_FROM_MESSAGE = "/channels/{channel}/messages/{message}/threads"
+OPEN_DIRECT_MESSAGES = "/users/@me/channels"  # `channel` unused: the bucket is the bot's own
 
 
 def new_nonce() -> str:
@@ -207,6 +208,13 @@ class DiscordMessenger:
         self._bucket_of_route: dict[str, str] = {}
         self._empty_until: dict[str, float] = {}
         self._global_until = 0.0
+
+    async def direct(self, workspace: str, user: str, content: Content) -> MessageRef:
+        """`content` in the bot's direct messages with `user` (opened with `POST /users/@me/channels`); Discord
+        refuses (50007) a person who accepts no direct messages from the server's members."""
+        opened = await self._request(Route("POST", OPEN_DIRECT_MESSAGES, DIRECT_MESSAGES), json={"recipient_id": user})
+        return await self.post(Place(platform=self.platform, workspace=DIRECT_MESSAGES, channel=str(opened["id"])),
+                               content)
 
     async def post(self, place: Place, content: Content) -> MessageRef:
         """Post `content` in `place` (its thread if set); text over 2,000 characters goes as several messages, the

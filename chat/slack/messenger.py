@@ -208,6 +208,11 @@ class SlackMessenger:
                 logger.warning("slack rejected the message layout (%s); posting it as plain text", error.reason)
         return await self._post_plain_text(place, content.text)
 
+    async def direct(self, workspace: str, user: str, content: Content) -> MessageRef:
+        """`content` in the app's direct messages with `user` (`chat.postMessage` to the user's id: Slack opens the
+        conversation, in the app's Messages tab)."""
+        return await self.post(Place(platform=self.platform, workspace=workspace, channel=user), content)
+
     async def edit(self, ref: MessageRef, content: Content) -> None:
         """Replace the message at `ref` with `content`; raises MessengerError when Slack refuses even plain text."""
         await self.thread_status.follow(self._call, ref, content)

@@ -812,6 +812,13 @@ class FakeDiscord(LoopbackFake):
             self.changed.notify_all()
             return channel.id
 
+    def delete_channel(self, channel_id: int) -> None:
+        """Delete a guild channel, as a server admin would: it is gone, and CHANNEL_DELETE is dispatched."""
+        with self._lock:
+            channel = self._channels.pop(int(channel_id))
+            self.changed.notify_all()
+        self.gateway.dispatch("CHANNEL_DELETE", channel.as_api())
+
     def create_dm(self, user: FakeUser) -> int:
         """The DM channel between `user` and the bot (type 1, no guild), created if needed."""
         with self._lock:

@@ -15,6 +15,7 @@ class RecordingMessenger:
         self.posts: list[tuple[Place, Content, MessageRef]] = []
         self.edits: list[tuple[MessageRef, Content]] = []
         self.uploads: list[tuple[Place, FileUpload]] = []
+        self.directs: list[tuple[str, str, Content]] = []
         self._ids = itertools.count(1)
 
     async def post(self, place: Place, content: Content) -> MessageRef:
@@ -33,3 +34,9 @@ class RecordingMessenger:
     async def upload(self, place: Place, upload: FileUpload) -> MessageRef | None:
         self.uploads.append((place, upload))
         return None
+
+    async def direct(self, workspace: str, user: str, content: Content) -> MessageRef:
+        """A direct message, kept in `directs` as (workspace, user, content)."""
+        self.directs.append((workspace, user, content))
+        return MessageRef(platform=self.platform, workspace=workspace, channel=f"D-{user}",
+                          message_id=f"m{next(self._ids)}")

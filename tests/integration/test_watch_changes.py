@@ -3,29 +3,24 @@
 Between the report a watch was made from and its first run, one page's figure changes and a new page appears: the
 change list deepthread computes has exactly those two entries, and the run's report, in a thread of its own under a
 headline, opens with them, cited. A second run with nothing changed posts one quiet line in the previous run's
-thread, and no new thread.
+thread, and no new thread: that run is fired by two real beats through Celery, once for all their ticks.
 """
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 from pathlib import Path
 
 import pytest
 from sqlalchemy import select, update
 
-from chat.platform import Outbound
-from chat.slack.messenger import SlackMessenger, build_slack_client
-from chat.slack.render import SlackRenderer
 from research.report import Report
 from storage.models import Run, Watch
 from storage.vocabulary import WatchLimits, WatchSchedule
-from storage.watches import FiringLimits, create_watch, watch_of
+from storage.watches import create_watch, watch_of
 from tests.fakes.corpus import QUESTION, Corpus
 from tests.fakes.slack_api import FakeSlack
 from tests.integration.test_worker import make_cluster
-from worker.watches import WatchTick
 
 pytestmark = pytest.mark.integration
 
@@ -36,19 +31,6 @@ CHANNEL = "C1"
 def watch_runs(cluster, watch_id: int) -> list[Run]:
     with cluster.sessions() as session:
         return list(session.scalars(select(Run).where(Run.watch_id == watch_id).order_by(Run.id)))
-
-
-def fire_due(cluster, slack: FakeSlack, watch_id: int) -> int:
-    """One tick, as the beat's would run it, at the watch's due time; returns the run it fired."""
-    due = watch_of(cluster.sessions, watch_id).next_due_at
-    outbound = Outbound(messenger=SlackMessenger(build_slack_client(slack.token, slack.api_url)),
-                        renderer=SlackRenderer())
-    tick = WatchTick(cluster.sessions, cluster.queue(), FiringLimits.from_settings(cluster.settings),
-                     claim_seconds=60, platform_parts=lambda _: outbound, clock=lambda: due + dt.timedelta(seconds=5))
-    fired = asyncio.run(tick())
-    assert [outcome.outcome for outcome in fired] == ["fired"], fired
-    assert fired[0].run_id is not None
-    return fired[0].run_id
 
 
 def delivered(cluster, run_id: int) -> Run:
@@ -69,7 +51,7 @@ def top_level(slack: FakeSlack) -> list[str]:
 def test_a_watch_reports_exactly_what_changed_then_says_in_one_line_when_nothing_did(
         tmp_path: Path, redis_url: str, slack: FakeSlack) -> None:
     with Corpus(hosts=("alpha.example", "beta.example", "gamma.example")) as corpus:
-        cluster = make_cluster(tmp_path, redis_url, corpus, slack)
+        cluster = make_cluster(tmp_path, redis_url, corpus, slack, watch_tick_seconds="0.5")
         try:
             cluster.start_worker("w1")
             origin_id, _ = cluster.start_run(QUESTION, user="U0OWNER1", channel=CHANNEL)
@@ -87,7 +69,7 @@ def test_a_watch_reports_exactly_what_changed_then_says_in_one_line_when_nothing
             added = corpus.add_page(2, 1)
             threads_before = top_level(slack)
 
-            second = delivered(cluster, fire_due(cluster, slack, watch.id))
+            second = delivered(cluster, cluster.fire_watch(watch.id))
             assert second.state == "done", second.error
             report = Report.model_validate(second.report_json)
             assert report.watch is not None and report.watch.previous_run_id == origin_id
@@ -112,49 +94,27 @@ def test_a_watch_reports_exactly_what_changed_then_says_in_one_line_when_nothing
             thread_text = "\n".join(message.visible_text for message in slack.messages(CHANNEL, thread_ts=headline_ts))
             assert "What changed since" in thread_text and new_figure in thread_text
 
-            # Nothing changes before the next run: one quiet line in the second run's thread, no new thread.
+            # Nothing changes before the next run, which two real beats fire through Celery (ticking every half
+            # second, the worker running their ticks): once, with one quiet line in the second run's thread.
             threads_before = top_level(slack)
-            third = delivered(cluster, fire_due(cluster, slack, watch.id))
-            assert third.state == "done", third.error
-            third_report = Report.model_validate(third.report_json)
-            assert third_report.watch is not None and third_report.watch.changes == []
-            assert top_level(slack) == threads_before
-            quiet = [message.visible_text for message in slack.messages(CHANNEL, thread_ts=headline_ts)
-                     if "nothing changed" in message.visible_text]
-            assert len(quiet) == 1
-            assert [run.id for run in watch_runs(cluster, watch.id)] == [second.id, third.id]
-        finally:
-            cluster.stop()
-
-
-def test_a_real_beat_and_worker_fire_a_due_watch_once_and_its_quiet_line_comes_once(
-        tmp_path: Path, redis_url: str, slack: FakeSlack) -> None:
-    with Corpus(hosts=("alpha.example", "beta.example")) as corpus:
-        cluster = make_cluster(tmp_path, redis_url, corpus, slack, watch_tick_seconds="0.5")
-        try:
-            cluster.start_worker("w1")
-            origin_id, _ = cluster.start_run(QUESTION, user="U0OWNER1", channel=CHANNEL)
-            assert delivered(cluster, origin_id).state == "done"
-            watch = create_watch(cluster.sessions, run_id=origin_id, by="slack:U0OWNER1",
-                                 schedule=WatchSchedule(cadence="daily", hour=9), one_thread=False,
-                                 limits=WatchLimits(5, "daily"))
             with cluster.sessions.begin() as session:  # due a minute ago, by the database's clock
                 session.execute(update(Watch).where(Watch.id == watch.id).values(
                     next_due_at=dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=1)))
-            threads_before = top_level(slack)
-            # Two beats ticking every half second: the watch fires once.
             cluster.start_beat("beat1")
             cluster.start_beat("beat2")
-            [run] = cluster.wait_for(lambda: watch_runs(cluster, watch.id), 60, "the watch's run")
-            run = delivered(cluster, run.id)
-            assert run.state == "done", run.error
-            origin_thread = thread_of(cluster, origin_id)
-            quiet = cluster.wait_for(lambda: [message for message in slack.messages(CHANNEL, thread_ts=origin_thread)
-                                              if "nothing changed" in message.visible_text], 30, "the quiet line")
-            # With the ticks taken, still one run, one line, and no new thread.
+            fired = cluster.wait_for(lambda: (runs := watch_runs(cluster, watch.id)) and len(runs) == 2 and runs[-1],
+                                     60, "the run the beats' tick fired")
+            third = delivered(cluster, fired.id)
+            assert third.state == "done", third.error
+            third_report = Report.model_validate(third.report_json)
+            assert third_report.watch is not None and third_report.watch.previous_run_id == second.id
+            assert third_report.watch.changes == []
             cluster.wait_for(lambda: cluster.redis.llen("deepthread") == 0, 30, "the ticks to be taken")
-            assert len(watch_runs(cluster, watch.id)) == 1 and len(quiet) == 1
-            assert top_level(slack) == threads_before
+            quiet = [message.visible_text for message in slack.messages(CHANNEL, thread_ts=headline_ts)
+                     if "nothing changed" in message.visible_text]
+            assert len(quiet) == 1 and top_level(slack) == threads_before
+            assert [run.id for run in watch_runs(cluster, watch.id)] == [second.id, third.id]  # once, for every tick
             assert watch_of(cluster.sessions, watch.id).next_due_at > dt.datetime.now(dt.timezone.utc)
         finally:
             cluster.stop()
+

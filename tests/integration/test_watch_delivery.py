@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from chat.state import RunProgress
 from research.changes import Change
 from research.report import Report, WatchComparison
+from storage.models import Run
 from storage.vocabulary import WatchLimits, WatchSchedule
 from storage.watches import FiringLimits, claim_due, create_watch, fire_claimed, watch_of
 from tests.fakes.slack_api import FakeSlack
@@ -32,13 +33,13 @@ def sessions(tmp_path: Path) -> Iterator[sessionmaker[Session]]:
     yield migrated_sessions(f"sqlite:///{tmp_path}/deepthread.db")
 
 
-def watched(sessions: sessionmaker[Session], slack: FakeSlack) -> tuple[int, int, str]:
+def watched(sessions: sessionmaker[Session], slack: FakeSlack, *, one_thread: bool = False) -> tuple[int, int, str]:
     """A finished report in its Slack thread, a daily watch of it, and the watch's first run fired (not yet in any
     thread); returns the watch, the run and the report's thread."""
     origin = slack_run(sessions, slack)
     finish_run(sessions, origin, report=one_source_report("tides"), finished_at=dt.datetime.now(dt.timezone.utc))
     thread = fetch(sessions, origin).status_message["thread"]
-    watch = create_watch(sessions, run_id=origin, by="slack:U0ALICE1", schedule=DAILY, one_thread=False,
+    watch = create_watch(sessions, run_id=origin, by="slack:U0ALICE1", schedule=DAILY, one_thread=one_thread,
                          limits=WatchLimits(5, "daily"))
     due = watch.next_due_at + dt.timedelta(seconds=1)
     assert claim_due(sessions, "w", claim_seconds=60, now=due) == [watch.id]
@@ -111,10 +112,35 @@ def test_a_watch_whose_channel_is_gone_stops_saying_why(sessions, slack: FakeSla
     watch_id, run_id, _ = watched(sessions, slack)
     report = compared([Change(kind="new", url="https://a.example/", title="A", passage_id="p1")])
     progress = ended(sessions, run_id, "done", report)
-    slack.error_next("chat.postMessage", "channel_not_found", times=5)
+    slack.error_next("chat.postMessage", "channel_not_found", times=5, when=lambda params: params.get("channel") == CHANNEL)
 
     asyncio.run(slack_delivery(sessions, slack, run_id).finish(progress, report=report))
 
     watch = watch_of(sessions, watch_id)
     assert watch is not None and watch.state == "stopped"
     assert watch.stopped_reason is not None and "channel_not_found" in watch.stopped_reason
+    # Its owner is told once, in the app's direct messages, even when the delivery is tried again.
+    asyncio.run(slack_delivery(sessions, slack, run_id).finish(progress, report=report))
+    told = [message.text for message in slack.messages("U0ALICE1") if "stopped" in message.text]
+    assert len(told) == 1 and "channel_not_found" in told[0]
+
+
+def test_a_one_thread_watch_posts_each_run_in_the_reports_own_thread(sessions, slack: FakeSlack) -> None:
+    _, run_id, origin_thread = watched(sessions, slack, one_thread=True)
+    assert fetch_thread(sessions, run_id) == origin_thread  # stored in that thread's conversation from the start
+    before = top_level(slack)
+    report = compared([Change(kind="new", url="https://a.example/", title="A", passage_id="p1")])
+    progress = ended(sessions, run_id, "done", report)
+
+    assert asyncio.run(slack_delivery(sessions, slack, run_id).finish(progress, report=report)) == \
+        DeliveryOutcome.DELIVERED
+
+    assert top_level(slack) == before
+    reports = [message for message in slack.messages(CHANNEL, thread_ts=origin_thread)
+               if "here is your report" in message.visible_text]
+    assert len(reports) == 1
+
+
+def fetch_thread(sessions: sessionmaker[Session], run_id: int) -> str:
+    with sessions() as session:
+        return session.get(Run, run_id).conversation.thread

@@ -128,11 +128,13 @@ def test_a_weekly_watch_fires_once_a_week_with_two_beats_and_two_workers_whose_c
     watch_id = watch(sessions, WEEKLY)
     queue, sent = recording_queue(sessions)
     now = [START]
-    ahead = Worker(sessions, queue, lambda: now[0], dt.timedelta(seconds=90))
-    behind = Worker(sessions, queue, lambda: now[0], dt.timedelta(seconds=-90))
-    # Two beats, each ticking every hour by its own clock: their ticks land 90 s before and after the same
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    ahead = Worker(sessions, queue, lambda: now[0], dt.timedelta(seconds=90), metrics=metrics)
+    behind = Worker(sessions, queue, lambda: now[0], dt.timedelta(seconds=-90), metrics=metrics)
+    # Two beats, each ticking every two hours by its own clock: their ticks land 90 s before and after the same
     # true minute, and both are carried out by both workers at once.
-    step = dt.timedelta(hours=1)
+    step = dt.timedelta(hours=2)
     while now[0] < START + dt.timedelta(weeks=3):
         tick_together([ahead, behind])
         now[0] += dt.timedelta(seconds=90)
@@ -151,6 +153,8 @@ def test_a_weekly_watch_fires_once_a_week_with_two_beats_and_two_workers_whose_c
         assert abs(run.created_at - monday) <= step, (run.created_at, monday)
     assert sorted(sent) == [run.id for run in runs]  # each handed to the workers once
     assert watch_of(sessions, watch_id).fired == 3
+    assert registry.get_sample_value("deepthread_watch_runs_total", {"outcome": "fired"}) == 3
+    assert registry.get_sample_value("deepthread_watch_runs_total", {"outcome": "failed"}) is None
     # In the fake Slack: one thread a week, each under its headline.
     headlines = [message.text for message in slack.messages(CHANNEL) if message.text.startswith("🔭 Watch:")]
     assert len(headlines) == 3, headlines

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from bot.discord.watches import NEW_THREAD_LABEL, THIS_THREAD_LABEL
-from storage.models import Run
-from storage.vocabulary import WEEKDAYS, zone_of
-from storage.watches import WatchView, all_watches, workspace_timezone
+from storage.models import Run, Watch
+from storage.vocabulary import WEEKDAYS, WatchLimits, WatchSchedule, zone_of
+from storage.watches import WatchView, all_watches, create_watch, workspace_timezone
 from tests.fakes.corpus import QUESTION, Corpus
 from tests.fakes.discord_api import DiscordMessage, FakeDiscord, FakeUser
 from tests.integration.discord_harness import BotThread, buttons_of, chosen, discord_urls_nowhere, menus_of
@@ -43,6 +43,7 @@ class WatchWorld:
     other: FakeUser
     admin: FakeUser
     bot: BotThread
+    corpus: Corpus
 
     def wait(self, predicate: Any, what: str, timeout: float = 20) -> Any:
         return self.cluster.wait_for(predicate, timeout, what)
@@ -125,7 +126,7 @@ def world(tmp_path: Path, redis_url: str) -> Iterator[WatchWorld]:
                           discord_guild_ids=str(fake.guild_id), admin_user_ids=f"discord:{admin.id}")
         cluster.start_worker("w1")
         bot = BotThread(cluster.settings).start()
-        world = WatchWorld(cluster, fake, asker, other, admin, bot)
+        world = WatchWorld(cluster, fake, asker, other, admin, bot, corpus)
         try:
             world.wait(bot.ready_or_failed, "the bot's READY")
             assert bot.error is None, bot.error
@@ -231,3 +232,50 @@ def test_the_watches_command_is_synced_with_its_actions_and_value(world: WatchWo
     assert [choice["value"] for choice in options["action"]["choices"]] == ["list", "pause", "resume", "delete",
                                                                            "timezone"]
     assert not options["action"].get("required") and not options["value"].get("required")
+
+
+def test_a_deleted_channels_watches_stop_saying_why(world: WatchWorld) -> None:
+    fake = world.fake
+    doomed = fake.add_channel("doomed")  # added after READY: the bot learns of it from the guild's next fetch, if any
+    with world.cluster.sessions.begin() as session:
+        for channel in (doomed, fake.channel_id):
+            session.add(Watch(platform="discord", workspace=str(fake.guild_id), channel=str(channel), thread="1",
+                              created_by=f"discord:{world.asker.id}", question=f"In {channel}?",
+                              schedule=WatchSchedule(cadence="daily", hour=9),
+                              next_due_at=dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=1)))
+    world.restart_bot()  # its guild cache now holds the new channel
+
+    fake.delete_channel(doomed)
+
+    def states() -> dict[str, tuple[str, str | None]]:
+        return {watch.channel: (watch.state, watch.stopped_reason) for watch in all_watches(world.cluster.sessions)}
+    world.wait(lambda: states()[str(doomed)][0] == "stopped", "the deleted channel's watch to stop")
+    assert states() == {str(doomed): ("stopped", "its channel was deleted"), str(fake.channel_id): ("active", None)}
+
+
+def test_a_watchs_run_posts_its_changes_in_a_thread_of_its_own_then_says_when_nothing_changed(
+        world: WatchWorld) -> None:
+    run, _ = world.researched()
+    watch = create_watch(world.cluster.sessions, run_id=run.id, by=f"discord:{world.asker.id}",
+                         schedule=WatchSchedule(cadence="weekly", hour=9, weekday=0), one_thread=False,
+                         limits=WatchLimits(5, "daily"))
+    changed = world.corpus.pages[1]
+    world.corpus.change_figure(changed, changed.numbers[0], "9,999")
+    threads_before = {thread.id for thread in world.fake.threads(world.fake.channel_id)}
+
+    second = world.cluster.fire_watch(watch.id)
+    world.wait(lambda: world.cluster.run(second).delivered_at is not None, "the watch's run delivered", timeout=90)
+    stored = world.cluster.run(second)
+    assert stored.state == "done", stored.error
+    changes = [(change["kind"], change["after"]) for change in stored.report_json["watch"]["changes"]]
+    assert changes == [("figure", "9,999")]
+    [thread] = [thread for thread in world.fake.threads(world.fake.channel_id) if thread.id not in threads_before]
+    assert thread.name.startswith("🔭 Watch:") and "1 change since" in thread.name
+    posted = "\n".join(message.content for message in world.fake.messages(thread.id))
+    assert "What changed since" in posted and "9,999" in posted
+
+    third = world.cluster.fire_watch(watch.id)
+    world.wait(lambda: world.cluster.run(third).delivered_at is not None, "the second watch run delivered", timeout=90)
+    assert {thread.id for thread in world.fake.threads(world.fake.channel_id)} == threads_before | {thread.id}
+    quiet = [message.content for message in world.fake.messages(thread.id) if "nothing changed" in message.content]
+    assert len(quiet) == 1

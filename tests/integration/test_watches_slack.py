@@ -165,9 +165,13 @@ def test_watch_this_opens_a_modal_and_stores_the_watch_in_the_person_s_time_zone
     assert "every Monday at 09:00 (Asia/Tokyo)" in confirmation["text"]
 
 
-def test_the_listing_offers_buttons_to_the_owner_only(world: SlackWorld) -> None:
+@pytest.mark.world(admin_user_ids=f"slack:{ADMIN}")
+def test_only_the_owner_or_an_admin_may_pause_resume_or_delete_a_watch(world: SlackWorld) -> None:
+    world.slack.add_user(ADMIN, "admin")
     _, report = finished(world, "/research", QUESTION)
     watch = watch_report(world, report)
+
+    # The listing offers the owner buttons, and another person none.
     mine = list_watches(world, ASKER)
     assert mine.payload["response_type"] == "ephemeral"
     assert set(listing_buttons(mine, watch.id)) == {WATCH_PAUSE_ACTION_ID, WATCH_DELETE_ACTION_ID}
@@ -181,40 +185,28 @@ def test_the_listing_offers_buttons_to_the_owner_only(world: SlackWorld) -> None
     # The owner's zone was asked of Slack once, for the watch; the listing took it from memory.
     assert len([call for call in world.slack.calls("users.info") if call.params.get("user") == ASKER]) == 1
 
-
-def test_the_owner_pauses_resumes_and_deletes_a_watch(world: SlackWorld) -> None:
-    _, report = finished(world, "/research", QUESTION)
-    watch = watch_report(world, report)
-    paused = press_in(world, list_watches(world, ASKER), WATCH_PAUSE_ACTION_ID, watch.id, ASKER)
-    assert paused.payload["response_type"] == "ephemeral" and f"Watch #{watch.id} paused" in paused.payload["text"]
-    assert state_of(world, watch.id) == "paused"
-    listing = list_watches(world, ASKER)
-    assert set(listing_buttons(listing, watch.id)) == {WATCH_RESUME_ACTION_ID, WATCH_DELETE_ACTION_ID}
-    resumed = press_in(world, listing, WATCH_RESUME_ACTION_ID, watch.id, ASKER)
-    assert f"Watch #{watch.id} resumed" in resumed.payload["text"] and state_of(world, watch.id) == "active"
-    deleted = press_in(world, list_watches(world, ASKER), WATCH_DELETE_ACTION_ID, watch.id, ASKER)
-    assert "deleted" in deleted.payload["text"] and watches(world) == []
-
-
-def test_another_person_s_forged_pause_is_refused_and_changes_nothing(world: SlackWorld) -> None:
-    _, report = finished(world, "/research", QUESTION)
-    watch = watch_report(world, report)
+    # Another person's forged Pause is refused, after the core decided: a pause would already be in the row.
     refusal = press(world, WATCH_PAUSE_ACTION_ID, watch.id, OTHER)
     assert refusal.payload["response_type"] == "ephemeral"
     assert "Only the person who made this watch, or an admin, can pause it" in refusal.payload["text"]
-    # The refusal is said after the core decided: a pause would already be in the row.
     assert state_of(world, watch.id) == "active"
 
-
-@pytest.mark.world(admin_user_ids=f"slack:{ADMIN}")
-def test_an_admin_may_pause_someone_else_s_watch(world: SlackWorld) -> None:
-    world.slack.add_user(ADMIN, "admin")
-    _, report = finished(world, "/research", QUESTION)
-    watch = watch_report(world, report)
+    # An admin sees the buttons on someone else's watch, and pauses it.
     listing = list_watches(world, ADMIN)
     assert set(listing_buttons(listing, watch.id)) == {WATCH_PAUSE_ACTION_ID, WATCH_DELETE_ACTION_ID}
     paused = press_in(world, listing, WATCH_PAUSE_ACTION_ID, watch.id, ADMIN)
     assert f"Watch #{watch.id} paused" in paused.payload["text"] and state_of(world, watch.id) == "paused"
+
+    # The owner resumes, pauses and deletes it.
+    listing = list_watches(world, ASKER)
+    assert set(listing_buttons(listing, watch.id)) == {WATCH_RESUME_ACTION_ID, WATCH_DELETE_ACTION_ID}
+    resumed = press_in(world, listing, WATCH_RESUME_ACTION_ID, watch.id, ASKER)
+    assert f"Watch #{watch.id} resumed" in resumed.payload["text"] and state_of(world, watch.id) == "active"
+    paused = press_in(world, list_watches(world, ASKER), WATCH_PAUSE_ACTION_ID, watch.id, ASKER)
+    assert paused.payload["response_type"] == "ephemeral" and f"Watch #{watch.id} paused" in paused.payload["text"]
+    assert state_of(world, watch.id) == "paused"
+    deleted = press_in(world, list_watches(world, ASKER), WATCH_DELETE_ACTION_ID, watch.id, ASKER)
+    assert "deleted" in deleted.payload["text"] and watches(world) == []
 
 
 @pytest.mark.world(watch_max_per_workspace="1")

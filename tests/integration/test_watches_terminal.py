@@ -6,7 +6,6 @@ opening with what changed on the web, then one quiet line when nothing did — a
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import re
 import subprocess
@@ -21,12 +20,11 @@ from bot.console.chat import local_timezone
 from research.report import Report
 from storage.runs import WATCHES_HEADER
 from storage.vocabulary import WEEKDAYS
-from storage.watches import FiringLimits, WatchView, all_watches, watch_of
+from storage.watches import WatchView, all_watches
 from tests.fakes.corpus import QUESTION, Corpus
 from tests.integration.terminal_chat import chat_with_a_worker
 from tests.integration.workers import Cluster
 from tests.run_rows import all_runs
-from worker.watches import WatchTick
 
 pytestmark = pytest.mark.integration
 
@@ -42,19 +40,6 @@ def said(child: pexpect.spawn, line: str, *expected: str) -> None:
     for pattern in expected:
         child.expect(pattern)
     child.expect("› ")
-
-
-def fire_due(cluster: Cluster, watch_id: int) -> int:
-    """One tick, as the beat's would run it in a worker, at the watch's due time; returns the run it fired."""
-    watch = watch_of(cluster.sessions, watch_id)
-    assert watch is not None
-    due = watch.next_due_at
-    tick = WatchTick(cluster.sessions, cluster.queue(), FiringLimits.from_settings(cluster.settings),
-                     claim_seconds=60, platform_parts=lambda _: None, clock=lambda: due + dt.timedelta(seconds=5))
-    fired = asyncio.run(tick())
-    assert [outcome.outcome for outcome in fired] == ["fired"], fired
-    assert fired[0].run_id is not None
-    return fired[0].run_id
 
 
 def the_watch(cluster: Cluster) -> WatchView:
@@ -100,7 +85,7 @@ def test_a_terminal_watch_is_made_listed_changed_and_its_runs_show_in_the_chat_a
         old_figure, new_figure = beta.numbers[0], "9,999"
         corpus.change_figure(beta, old_figure, new_figure)
         corpus.add_page(2, 1)
-        changed_run = fire_due(cluster, watch.id)
+        changed_run = cluster.fire_watch(watch.id)
         child.expect(rf"Watch: .* — 2 changes since .* · watch #{watch.id}, run {changed_run}", timeout=RUN_SECONDS)
         child.expect("What changed since")
         child.expect(re.escape(new_figure))
@@ -109,7 +94,7 @@ def test_a_terminal_watch_is_made_listed_changed_and_its_runs_show_in_the_chat_a
         assert report.watch is not None and len(report.watch.changes) == 2
 
         # Nothing changes before the next run: one quiet line.
-        quiet_run = fire_due(cluster, watch.id)
+        quiet_run = cluster.fire_watch(watch.id)
         child.expect(rf"Checked again: nothing changed since the report of .*\(Watch #{watch.id}, run {quiet_run}:",
                      timeout=RUN_SECONDS)
         child.expect("› ")

@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from chat.platform import Outbound
 from chat.message import Content, MessageRef, Place
 from chat.slack.messenger import SlackMessenger, build_slack_client
 from chat.slack.render import SlackRenderer
@@ -74,6 +75,22 @@ class Cluster:
                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.workers[name] = process
         return process
+
+    def fire_watch(self, watch_id: int, outbound: Outbound | None = None) -> int:
+        """One watch tick, as a worker runs it for the beat, at the watch's due time (an injected clock); returns the
+        run it fired. `outbound` is how the tick speaks on the watch's platform (a skipped window's line)."""
+        from storage.watches import FiringLimits, watch_of
+        from worker.watches import WatchTick
+
+        watch = watch_of(self.sessions, watch_id)
+        assert watch is not None
+        due = watch.next_due_at
+        tick = WatchTick(self.sessions, self.queue(), FiringLimits.from_settings(self.settings), claim_seconds=60,
+                         platform_parts=lambda _: outbound, clock=lambda: due + dt.timedelta(seconds=1))
+        fired = asyncio.run(tick())
+        assert [outcome.outcome for outcome in fired] == ["fired"], fired
+        assert fired[0].run_id is not None
+        return fired[0].run_id
 
     def kill(self, name: str) -> None:
         os.killpg(self.workers[name].pid, signal.SIGKILL)

@@ -391,3 +391,13 @@ def test_build_discord_http_signs_with_the_bot_token_under_the_api_url() -> None
     assert request.headers["Authorization"] == f"Bot {FAKE_TOKEN}"
     assert request.headers["User-Agent"] == "DiscordBot (https://github.com/deepthread, 0.1)"
     assert client.timeout.read is not None
+
+
+async def test_a_direct_message_opens_the_persons_dm_channel_and_posts_in_it(discord: FakeDiscord,
+                                                                             messenger: DiscordMessenger) -> None:
+    person = discord.new_user("owner")
+
+    ref = await messenger.direct("123", str(person.id), Content(text="Your watch stopped."))
+
+    assert int(ref.channel) == discord.create_dm(person) and ref.workspace == DIRECT_MESSAGES
+    assert [message.content for message in discord.messages(int(ref.channel))] == ["Your watch stopped."]
