@@ -113,7 +113,7 @@ def quiet_line(progress: RunProgress, comparison: WatchComparison | None) -> str
 def stopped_line(question: str, reason: str) -> str:
     """What a watch's owner is told, once, when it stops for good."""
     return (f"🔭 Your watch of “{shortened(single_line(question), 150)}” stopped: {reason}. Its past reports stay in "
-            "their threads; make a new watch under a report elsewhere if you still want it.")
+            "their threads.")
 
 
 async def tell_owner_stopped(messenger: Messenger, renderer: PlatformRenderer, watch: WatchView) -> bool:

@@ -165,7 +165,9 @@ def claim_undelivered(sessions: Sessions, platforms: Collection[str], lease_seco
             select(Run).join(Conversation)
             .where(Run.state.in_(TERMINAL_STATES), Run.delivered_at.is_(None),
                    Run.delivery_given_up_at.is_(None),
-                   Run.status_message.is_not(None), Conversation.platform.in_(list(platforms)),
+                   # A watch's run has no status message until its thread is opened (or ever, in its one thread).
+                   or_(Run.status_message.is_not(None), Run.watch_id.is_not(None)),
+                   Conversation.platform.in_(list(platforms)),
                    or_(Run.delivery_retry_at <= now,
                        and_(Run.delivery_retry_at.is_(None),
                             Run.finished_at < now - dt.timedelta(seconds=DELIVERY_GRACE_SECONDS))),

@@ -218,10 +218,12 @@ def forget_workspace(sessions: sessionmaker[Session], workspace: str, *, by: str
     which its worker reads within seconds. The caller flags the ids in `running` in Redis as well, as
     `worker.queue.Queue.cancel` does. An uninstall calls this once: the threads of the runs it stopped stay until a
     `deepthread prune --workspace` (or the age prune) after they have ended."""
+    with sessions.begin() as session:  # first, so that no tick fires a watch's run into what is being forgotten
+        watches = delete_watches_of(session, platform=platform, workspace=workspace)
     with sessions() as session:
         in_flight = _in_flight_runs(session, workspace, platform)
     running = [run.run_id for run in in_flight if cancel_run(sessions, run.run_id, by).state == "running"]
-    counts = PruneCounts(in_flight=[run.run_id for run in in_flight], running=running)
+    counts = PruneCounts(in_flight=[run.run_id for run in in_flight], running=running, watches=watches)
     kept = sorted({run.conversation_id for run in in_flight})
     # Kept: the threads of the runs just stopped (a worker, or a task on its way to one, may still read them), and
     # any thread with a run in flight as this deletes (a reply may have started one since).
@@ -246,8 +248,6 @@ def forget_workspace(sessions: sessionmaker[Session], workspace: str, *, by: str
                 Conversation.id.in_(conversation_ids),
                 not_(exists(select(Run.id).where(Run.conversation_id == Conversation.id)))))
             counts.batches += 1
-    with sessions.begin() as session:
-        counts.watches = delete_watches_of(session, platform=platform, workspace=workspace)
     with sessions() as session:
         counts.kept_conversations = session.scalar(select(func.count()).select_from(Conversation).where(
             _of_workspace(workspace, platform))) or 0

@@ -10,7 +10,7 @@ from research.report import EXPORTERS, ExportFormat, Report
 from storage.db import Sessions, off_loop
 from storage.feedback import FeedbackCounts, feedback_counts
 from storage.models import Run
-from storage.vocabulary import mode_name
+from storage.vocabulary import WATCH_STOPPED, mode_name
 
 
 def export_run(sessions: Sessions, run_id: int, output_format: ExportFormat) -> str | None:
@@ -90,7 +90,8 @@ def watch_lines(sessions: Sessions, width: int = RUNS_WIDTH) -> list[str]:
     for watch in all_watches(sessions):
         due = f"{watch.next_due_at:%Y-%m-%d %H:%M}" if watch.state == "active" else "-"
         head = f"{'#' + str(watch.id):>6}  {watch.state:<9}  {due:<16}  "
-        rest = f"{watch.schedule.describe()} · {' '.join(watch.question.split())}"
+        when = watch.schedule.describe() if watch.state != WATCH_STOPPED else f"stopped: {watch.stopped_reason or '-'}"
+        rest = f"{when} · {' '.join(watch.question.split())}"
         room = width - cell_width(head)
         lines.append((head + (cut_to_cells(rest, room) if room >= QUESTION_MIN_CELLS else "")).rstrip())
     return lines

@@ -27,8 +27,8 @@ from sqlalchemy.orm import Session
 from research.report import Report
 from storage.admission import waiting
 from storage.conversations import PRIVATE, hold_lock_of
-from storage.db import Sessions, changed_rows, database_now, off_loop
-from storage.models import Conversation, Message, Run, Watch, WorkspaceSetting
+from storage.db import Sessions, changed_rows, database_now, hold_write_lock, off_loop
+from storage.models import Conversation, ConversationFile, Message, Run, Watch, WorkspaceSetting
 from storage.quotas import DailyQuotas, QuotaReached, quota_reached
 from storage.vocabulary import (
     CADENCE_DAYS,
@@ -140,6 +140,8 @@ def create_watch(sessions: Sessions, *, run_id: int, by: str, schedule: WatchSch
         conversation = run.conversation
         if conversation.thread.startswith(PENDING_THREAD_PREFIX):
             raise WatchRefused("That report has no thread to watch from.")
+        # Two clicks at once (a double click): one makes the watch, the other finds it.
+        hold_lock_of(session, f"watches:{conversation.platform}:{conversation.workspace}")
         existing = session.scalar(select(Watch).where(
             Watch.platform == conversation.platform, Watch.channel == conversation.channel,
             Watch.question == run.question, Watch.state != WATCH_STOPPED))
@@ -208,6 +210,11 @@ def change_watch(sessions: Sessions, watch_id: int, action: WatchAction, *, by: 
         elif watch.state != WATCH_ACTIVE:
             _check_limits(session, limits, platform=watch.platform, workspace=watch.workspace,
                           schedule=watch.schedule)
+            twin = session.scalar(select(Watch.id).where(
+                Watch.id != watch.id, Watch.platform == watch.platform, Watch.channel == watch.channel,
+                Watch.question == watch.question, Watch.state != WATCH_STOPPED))
+            if twin is not None:
+                raise WatchRefused(f"Watch #{twin} already watches this question here.")
             watch.state, watch.stopped_reason = WATCH_ACTIVE, None
             watch.next_due_at = watch.schedule.next_after(_now(session, now))
         watch.claimed_by = watch.claimed_until = None
@@ -244,6 +251,7 @@ def fire_claimed(sessions: Sessions, watch_id: int, owner: str, *, limits: Firin
     thread is busy), and move its next due time past now, in one transaction; None when the claim is no longer
     `owner`'s (it lapsed and another tick took the watch) or the watch was paused or deleted meanwhile."""
     with sessions.begin() as session:
+        hold_write_lock(session, Watch.id)  # SQLite: the check below and the writes after it in one write transaction
         moment = _now(session, now)
         watch = session.get(Watch, watch_id, with_for_update=True)
         if watch is None or watch.state != WATCH_ACTIVE or watch.claimed_by != owner or watch.claimed_until is None \
@@ -306,6 +314,14 @@ def _store_fired_run(session: Session, watch: Watch, moment: dt.datetime) -> Run
                                     thread=thread, created_by=watch.created_by, visibility=watch.visibility,
                                     created_at=moment)
         session.add(conversation)
+        # The files shared where the watch was made are sources of each of its runs, as they were of that report.
+        origin = session.get(Run, watch.origin_run_id) if watch.origin_run_id is not None else None
+        if origin is not None and not watch.one_thread:
+            session.add_all(ConversationFile(conversation=conversation, file_id=shared.file_id, name=shared.name,
+                                             size=shared.size, mimetype=shared.mimetype, url=shared.url,
+                                             link=shared.link, shared_by=shared.shared_by, created_at=shared.created_at)
+                            for shared in session.scalars(select(ConversationFile).where(
+                                ConversationFile.conversation_id == origin.conversation_id)))
     session.add(Message(conversation=conversation, role="user", author=watch.created_by, text=watch.question,
                         mode="research", created_at=moment))
     run = Run(conversation=conversation, workspace=watch.workspace, mode="research", question=watch.question,

@@ -175,7 +175,11 @@ class RunAttempt:
                 findings = findings_of(state)
                 if run.watch_id is not None and report is not None and final_state == "done":
                     # A watch's run opens with what changed since the watch's previous run, computed, never written.
-                    report = await compared_with_previous(services.sessions, run.id, report, findings)
+                    try:
+                        report = await compared_with_previous(services.sessions, run.id, report, findings)
+                    except Exception as failure:  # the report stands without its comparison: posted as a new one
+                        logger.warning("run %s: the changes since the watch's previous run could not be computed "
+                                       "(%s); its report is posted as it was written", run.id, type(failure).__name__)
                 # What the bot said joins the thread's history, so follow-ups and revisions have it as context.
                 reply_text = report.body_markdown[:MAX_HISTORY_REPLY_CHARS] if report is not None else None
                 # Rendering a long report takes a while: not on the loop the runs share.

@@ -133,6 +133,7 @@ class DeliveryTarget:
     requester: str
     mode: str = ""
     watch_id: int | None = None  # the watch that fired the run; its thread may not be opened yet (place.thread None)
+    pending: bool = False  # a watch's run whose thread is not opened yet (its watch may be deleted since)
 
     @classmethod
     def load(cls, sessions: Sessions, run_id: int) -> DeliveryTarget | None:
@@ -146,7 +147,8 @@ class DeliveryTarget:
                    place=Place(platform=conversation.platform, workspace=conversation.workspace,
                                channel=conversation.channel, thread=thread),
                    status_ref=MessageRef.model_validate(run.status_message) if run.status_message else None,
-                   requester=platform_user(run.requested_by), mode=run.mode, watch_id=run.watch_id)
+                   requester=platform_user(run.requested_by), mode=run.mode, watch_id=run.watch_id,
+                   pending=thread is None and is_pending(conversation.thread))
 
 
 class RunDelivery:
@@ -159,6 +161,7 @@ class RunDelivery:
         self.run_id = target.run_id
         self.place = target.place
         self.watch_id = target.watch_id
+        self._watch_run = target.watch_id is not None or target.pending
         self.status_ref = target.status_ref
         self.requester = target.requester
         self.messenger = messenger
@@ -177,7 +180,8 @@ class RunDelivery:
 
     def _progress_stream(self, mode: str, bucket: EditBudget, min_interval: float) -> ProgressStream | None:
         """Research progress as a streamed task list, where the platform and the workspace allow it."""
-        if mode != "research" or not self.place.thread or not isinstance(self.messenger, TaskStreaming) \
+        if mode != "research" or not self.place.thread or self.watch_id is not None \
+                or not isinstance(self.messenger, TaskStreaming) \
                 or not self.messenger.streams_tasks(self.place.workspace):
             return None
         return ProgressStream(
@@ -285,13 +289,10 @@ class RunDelivery:
         try:
             await self.close_answer_stream()
             await self._final_progress_message(progress)
-            if self.watch_id is None or await self._watch_run_placed(progress, report):
+            if not self._watch_run or await self._watch_run_placed(progress, report):
                 await self._report_or_notice(progress.attempt, report)
                 await self._final_status(progress)
         except Exception as error:
-            if self.watch_id is not None and is_lasting_refusal(error):
-                await stop_watch_for_good(self.sessions, self.watch_id, error,
-                                          Outbound(messenger=self.messenger, renderer=self.renderer))
             return await self._after_failed_attempt(progress, error)
         await amark_delivered(self.sessions, self.run_id, progress.attempt)
         return DeliveryOutcome.DELIVERED
@@ -321,18 +322,32 @@ class RunDelivery:
             previous = await aprevious_run(self.sessions, self.run_id)
             thread = previous.thread if previous is not None else self.place.thread
             if thread is not None:
-                await self._post_notice_once(progress.attempt, quiet, place=self.place.model_copy(
-                    update={"thread": thread}))
+                try:
+                    await self._post_notice_once(progress.attempt, quiet, place=self.place.model_copy(
+                        update={"thread": thread}))
+                except Exception as error:
+                    if not is_lasting_refusal(error):
+                        raise
+                    # That thread is gone or locked, not the channel: the line is let go, the watch goes on.
+                    logger.warning("run %s: its line in the watch's previous thread was refused (%s)", self.run_id,
+                                   reason_of(error))
             return False
         if self.place.thread is None:
             await self._open_watch_thread(progress, report)
         return True
 
     async def _open_watch_thread(self, progress: RunProgress, report: Report | None) -> None:
-        """Open the watch run's own thread in its channel: a headline, then its status message; record both."""
-        opened = await self.messenger.open_thread(
-            self.place, title=self.renderer.notice(watch_headline(progress.question, report)),
-            status=self.renderer.status(progress, now=dt.datetime.now(dt.timezone.utc)))
+        """Open the watch run's own thread in its channel: a headline, then its status message; record both. A channel
+        that refuses for good (deleted, archived, the app removed from it) stops the watch, and its owner is told."""
+        try:
+            opened = await self.messenger.open_thread(
+                self.place, title=self.renderer.notice(watch_headline(progress.question, report)),
+                status=self.renderer.status(progress, now=dt.datetime.now(dt.timezone.utc)))
+        except Exception as error:
+            if self.watch_id is not None and is_lasting_refusal(error):
+                await stop_watch_for_good(self.sessions, self.watch_id, error,
+                                          Outbound(messenger=self.messenger, renderer=self.renderer))
+            raise
         await aopen_pending_thread(self.sessions, self.run_id, opened.thread, opened.status.model_dump(mode="json"),
                                    opened.status.message_id)
         self.place = self.place.model_copy(update={"thread": opened.thread})
@@ -382,7 +397,9 @@ class RunDelivery:
     async def _last_words(self, progress: RunProgress, reason: str, tries: int) -> None:
         """Best effort, once: tell the thread the report could not be posted, and show the final state."""
         try:
-            if not self._report_in_thread and await ahas_report(self.sessions, self.run_id, progress.attempt):
+            # A watch's run with no thread yet has nowhere to say it but the channel itself: it says nothing there.
+            if self.place.thread is not None and not self._report_in_thread \
+                    and await ahas_report(self.sessions, self.run_id, progress.attempt):
                 await self.messenger.post(self.place, self.renderer.notice(unpostable_notice(self.run_id, reason,
                                                                                              tries=tries)))
         except Exception as error:

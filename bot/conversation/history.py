@@ -11,6 +11,7 @@ from chat.history import RunHistory, RunSummary
 from chat.message import Place
 from storage.conversations import RunRow, listed_runs
 from storage.db import Sessions, off_loop
+from storage.watches import is_pending
 
 HISTORY_LIMIT = 10
 
@@ -31,5 +32,7 @@ def _summaries(rows: list[RunRow]) -> list[RunSummary]:
     return [RunSummary(run_id=run.id, mode=run.mode, state=run.state, question=run.question,
                        requested_by=run.requested_by, created_at=run.created_at,
                        thread=Place(platform=conversation.platform, workspace=conversation.workspace,
-                                    channel=conversation.channel, thread=conversation.thread))
+                                    channel=conversation.channel,
+                                    # A watch's run with no thread of its own (nothing changed): no link to one.
+                                    thread=None if is_pending(conversation.thread) else conversation.thread))
             for run, conversation in rows]

@@ -15,11 +15,20 @@ from sqlalchemy.orm import Session, sessionmaker
 from chat.state import RunProgress
 from research.changes import Change
 from research.report import Report, WatchComparison
-from storage.models import Run
+from storage.models import ConversationFile, Run
 from storage.vocabulary import WatchLimits, WatchSchedule
 from storage.watches import FiringLimits, claim_due, create_watch, fire_claimed, watch_of
 from tests.fakes.slack_api import FakeSlack
-from tests.integration.test_delivery_faults import CHANNEL, fetch, migrated_sessions, slack_delivery, slack_run
+from bot.conversation.history import run_history
+from tests.integration.test_delivery_faults import (
+    CHANNEL,
+    WallClock,
+    fetch,
+    migrated_sessions,
+    slack_delivery,
+    slack_run,
+    sweep,
+)
 from tests.run_rows import finish_run, one_source_report
 from worker.delivery import DeliveryOutcome
 
@@ -144,3 +153,63 @@ def test_a_one_thread_watch_posts_each_run_in_the_reports_own_thread(sessions, s
 def fetch_thread(sessions: sessionmaker[Session], run_id: int) -> str:
     with sessions() as session:
         return session.get(Run, run_id).conversation.thread
+
+
+def test_a_watch_run_whose_delivery_failed_is_delivered_by_the_resume_sweep(sessions, slack: FakeSlack) -> None:
+    _, run_id, origin_thread = watched(sessions, slack)
+    report = compared([])
+    progress = ended(sessions, run_id, "done", report)
+    clock = WallClock()
+    slack.start_outage(["chat.postMessage"])
+    try:
+        outcome = asyncio.run(slack_delivery(sessions, slack, run_id, clock=clock).finish(progress, report=report))
+    finally:
+        slack.end_outage()
+    assert outcome == DeliveryOutcome.RETRY_SCHEDULED
+    assert fetch(sessions, run_id).delivered_at is None
+
+    clock.advance(3600)
+    assert sweep(sessions, slack, clock)[run_id] == DeliveryOutcome.DELIVERED  # (the report watched is swept too)
+    lines = [message for message in slack.messages(CHANNEL, thread_ts=origin_thread)
+             if "nothing changed" in message.visible_text]
+    assert len(lines) == 1
+
+
+def test_a_quiet_line_refused_in_an_old_thread_is_let_go_and_the_watch_goes_on(sessions, slack: FakeSlack) -> None:
+    watch_id, run_id, origin_thread = watched(sessions, slack)
+    report = compared([])
+    progress = ended(sessions, run_id, "done", report)
+    slack.error_next("chat.postMessage", "thread_not_found", when=lambda params: params.get("thread_ts") == origin_thread)
+
+    outcome = asyncio.run(slack_delivery(sessions, slack, run_id).finish(progress, report=report))
+
+    assert outcome == DeliveryOutcome.DELIVERED
+    watch = watch_of(sessions, watch_id)
+    assert watch is not None and watch.state == "active"
+    assert slack.messages(CHANNEL)[-1].text != "" and not any(
+        "could not be posted" in message.visible_text for message in slack.messages(CHANNEL))
+
+
+def test_the_files_shared_where_a_watch_was_made_are_sources_of_its_runs(sessions, slack: FakeSlack) -> None:
+    origin = slack_run(sessions, slack)
+    finish_run(sessions, origin, report=one_source_report("tides"), finished_at=dt.datetime.now(dt.timezone.utc))
+    with sessions.begin() as session:
+        run = session.get(Run, origin)
+        session.add(ConversationFile(conversation_id=run.conversation_id, file_id="F1", name="tides.pdf",
+                                     url="https://files.example/F1", shared_by="slack:U0ALICE1"))
+    watch = create_watch(sessions, run_id=origin, by="slack:U0ALICE1", schedule=DAILY, one_thread=False,
+                         limits=WatchLimits(5, "daily"))
+    due = watch.next_due_at + dt.timedelta(seconds=1)
+    claim_due(sessions, "w", claim_seconds=60, now=due)
+    fired = fire_claimed(sessions, watch.id, "w", limits=ROOMY, now=due)
+    assert fired is not None and fired.run_id is not None
+    with sessions() as session:
+        conversation = session.get(Run, fired.run_id).conversation
+        assert [(shared.file_id, shared.name) for shared in conversation.files] == [("F1", "tides.pdf")]
+
+
+def test_history_lists_a_watch_run_without_a_thread_with_no_link_to_one(sessions, slack: FakeSlack) -> None:
+    _, run_id, _ = watched(sessions, slack)
+    history = run_history(sessions, platform="slack", workspace="T1", channel=CHANNEL, user="slack:U0ALICE1")
+    [listed] = [summary for summary in history.yours if summary.run_id == run_id]
+    assert listed.thread.thread is None
