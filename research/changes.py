@@ -34,6 +34,12 @@ TITLE_MAX_CHARS = 80
 NOTHING_CHANGED = "- Nothing new, changed or gone among the sources read."
 
 
+def source_key(url: str, file_name: str | None) -> str:
+    """What a source is compared by across runs: its URL, or, for a shared file without one (the terminal's, read
+    from the disk), `file:` and its name."""
+    return url or (f"file:{file_name}" if file_name else "")
+
+
 def text_checksum(text: str) -> str:
     """The SHA-256 (hex) of a source's text, as `Source.checksum` stores it and `compute_changes` compares it."""
     return hashlib.sha256(text.encode("utf-8", errors="surrogatepass")).hexdigest()
@@ -110,8 +116,8 @@ def comparable_url(url: str) -> str:
 
 
 def _by_url(sources: Iterable[SourceSnapshot]) -> dict[str, SourceSnapshot]:
-    """Sources by comparable URL, the first of duplicates kept; a source with no address (a file shared in the
-    terminal) cannot be matched across runs and is left out."""
+    """Sources by comparable URL, the first of duplicates kept; a source with no address at all cannot be matched
+    across runs and is left out (a file read from the disk has `file:` and its name: `source_key`)."""
     found: dict[str, SourceSnapshot] = {}
     for source in sources:
         key = comparable_url(source.url)
@@ -276,7 +282,7 @@ def _item(change: Change) -> str:
         case "figure":
             before = plain_text(change.before or "", TITLE_MAX_CHARS)
             after = plain_text(change.after or "", TITLE_MAX_CHARS)
-            context = plain_text(change.context or "", CONTEXT_MAX_CHARS)
+            context = plain_text(change.context or "", CONTEXT_MAX_CHARS).lstrip("-•+ ")  # a list item's marker
             quoted = f' ("{context}")' if context else ""
             return f"- {title}: {before} → {after}{quoted}{cite}"
         case "changed":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
-from research.changes import PassageSnapshot, SourceSnapshot
+from research.changes import PassageSnapshot, SourceSnapshot, source_key
 from storage.db import Sessions, off_loop
 from storage.models import Passage, Source
 
@@ -14,7 +14,7 @@ def source_snapshots(sessions: Sessions, run_id: int) -> list[SourceSnapshot]:
     (a source with no title is named by its URL); empty for a run with no sources or no such run."""
     with sessions() as session:
         sources = session.execute(
-            select(Source.id, Source.url, Source.title, Source.checksum)
+            select(Source.id, Source.url, Source.title, Source.checksum, Source.file)
             .where(Source.run_id == run_id).order_by(Source.id)).all()
         passages = session.execute(
             select(Passage.source_row_id, Passage.passage_id, Passage.text, Passage.is_snippet)
@@ -22,8 +22,9 @@ def source_snapshots(sessions: Sessions, run_id: int) -> list[SourceSnapshot]:
     by_source: dict[int, list[PassageSnapshot]] = {}
     for source_row_id, passage_id, text, is_snippet in passages:
         by_source.setdefault(source_row_id, []).append(PassageSnapshot(passage_id, text, bool(is_snippet)))
-    return [SourceSnapshot(url=url, title=title or url, checksum=checksum, passages=tuple(by_source.get(row_id, [])))
-            for row_id, url, title, checksum in sources]
+    return [SourceSnapshot(url=source_key(url, (file or {}).get("name")), title=title or url, checksum=checksum,
+                           passages=tuple(by_source.get(row_id, [])))
+            for row_id, url, title, checksum, file in sources]
 
 
 asource_snapshots = off_loop(source_snapshots)

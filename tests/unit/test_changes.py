@@ -8,6 +8,7 @@ import datetime as dt
 from research.audit.citations import normalise_citations
 from research.audit.sentences import parse_segments
 from research.changes import (
+    source_key,
     CONTEXT_MAX_CHARS,
     Change,
     PassageSnapshot,
@@ -256,3 +257,13 @@ def test_a_gone_source_whose_address_is_not_http_is_named_not_linked() -> None:
     section = changes_markdown([Change(kind="gone", url="javascript:alert(1)", title="Old")], since=SINCE)
 
     assert section.splitlines()[2] == "- No longer found: Old"
+
+
+def test_a_file_read_from_the_disk_is_matched_by_its_name_across_runs() -> None:
+    before = page(source_key("", "notes.md"), "The array delivered 41 megawatt hours.", title="notes.md")
+    after = page(source_key("", "notes.md"), "The array delivered 47 megawatt hours.", title="notes.md")
+
+    [change] = compute_changes([before], [after])
+
+    assert (change.kind, change.title, change.before, change.after) == ("figure", "notes.md", "41", "47")
+    assert source_key("https://a.example/x", "x.pdf") == "https://a.example/x" and source_key("", None) == ""
