@@ -14,9 +14,9 @@ from chat.state import RunProgress
 from chat.text import shortened, single_line
 from research.report import Report, WatchComparison
 from storage.vocabulary import WatchSchedule, WatchState, zone_of
-from storage.watches import WatchView
 
 if TYPE_CHECKING:
+    from storage.watches import WatchView  # storage's ORM: not on the terminal's start-up
     from chat.render import PlatformRenderer  # which imports this module's listing
 
 logger = logging.getLogger(__name__)

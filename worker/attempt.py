@@ -35,7 +35,6 @@ from storage.models import utcnow
 from storage.vocabulary import RunState
 from worker.leases import LEASE_LOST, LeaseKeeper, worker_identity
 from worker.loop import RunLoop
-from worker.watches import compared_with_previous
 from worker.runner import (
     HISTORY_MESSAGES,
     MAX_HISTORY_REPLY_CHARS,
@@ -175,6 +174,7 @@ class RunAttempt:
                 findings = findings_of(state)
                 if run.watch_id is not None and report is not None and final_state == "done":
                     # A watch's run opens with what changed since the watch's previous run, computed, never written.
+                    from worker.watches import compared_with_previous  # a watch's parts: not on the terminal's start-up
                     try:
                         report = await compared_with_previous(services.sessions, run.id, report, findings)
                     except Exception as failure:  # the report stands without its comparison: posted as a new one

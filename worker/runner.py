@@ -10,7 +10,7 @@ import datetime as dt
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from research import engine
 from research.budget import ResearchOptions
@@ -37,8 +37,10 @@ from storage.models import Message, Run
 from storage.vocabulary import RunOptions, RunState
 from chat.state import RunProgress, apply_event
 from ops.log_context import describe_run, set_run_phase
-from ops.metrics import Metrics, RunObserver
 from worker.leases import LeaseKeeper
+
+if TYPE_CHECKING:  # Prometheus's client: a worker's, not the terminal's start-up
+    from ops.metrics import Metrics, RunObserver
 
 logger = logging.getLogger(__name__)
 

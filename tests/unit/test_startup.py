@@ -100,3 +100,14 @@ def test_the_model_is_asked_without_an_sdk() -> None:
     )
     answer, loaded = printed_by(script)
     assert answer and loaded == "[]"
+
+
+def test_a_run_loads_no_watch_module_and_no_metrics_before_its_first_step() -> None:
+    # A watch's comparison is made only as a watch's run is stored, and only a worker serves metrics; importing them
+    # with the attempt and the terminal's renderers put a tenth of a second on every `deepthread research` start.
+    script = (
+        "import sys\n"
+        "import worker.toolkit, worker.attempt, research.engine, bot.console.bundle\n"
+        "print(sorted(name for name in ('worker.watches', 'storage.watches', 'prometheus_client') if name in sys.modules))\n"
+    )
+    assert printed_by(script) == ["[]"]
