@@ -13,7 +13,7 @@ from chat.message import DirectMessaging, Messenger
 from chat.state import RunProgress
 from chat.text import shortened, single_line
 from research.report import Report, WatchComparison
-from storage.vocabulary import WatchSchedule, WatchState, zone_of
+from storage.vocabulary import SkipReason, WatchSchedule, WatchState, zone_of
 
 if TYPE_CHECKING:
     from storage.watches import WatchView  # storage's ORM: not on the terminal's start-up
@@ -108,6 +108,27 @@ def quiet_line(progress: RunProgress, comparison: WatchComparison | None) -> str
         return "🔭 This watch's run ran out of time before it could write a report; it runs again at its next time."
     reason = f": {shortened(single_line(progress.error), 200)}" if progress.error else ""
     return f"🔭 This watch's run failed{reason}. It runs again at its next time."
+
+
+def skip_words(reason: SkipReason) -> str:
+    """Why a watch's window started no run, in plain words."""
+    match reason.kind:
+        case "runs_per_user":
+            return f"its owner reached the daily limit of {int(reason.figure)} runs"
+        case "cost_per_workspace":
+            return f"this workspace reached its daily spending limit of ${reason.figure:.2f}"
+        case "workspace_queue":
+            return f"{int(reason.figure)} runs were already waiting in this workspace, as many as may wait"
+        case "owner_queue":
+            return f"its owner already had {int(reason.figure)} runs waiting, as many as may wait"
+        case "thread_busy":
+            return "a run was still going in its thread"
+
+
+def skipped_line(watch: WatchView, reason: SkipReason) -> str:
+    """The line a watch's latest thread gets when a window started no run: why, and when it tries again."""
+    return (f"⏭️ This watch's run did not start: {skip_words(reason)}. It tries again {watch.schedule.describe()} "
+            f"(“{shortened(single_line(watch.question), 80)}”).")
 
 
 def stopped_line(question: str, reason: str) -> str:

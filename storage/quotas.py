@@ -7,7 +7,7 @@ far, summed from their stored `llm_usage` events, so runs in flight and runs tha
 from __future__ import annotations
 
 import datetime as dt
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import and_, func, not_, select
@@ -26,6 +26,11 @@ class DailyQuotas(BaseModel):
 
     runs_per_user: int = Field(default=setting_default("daily_runs_per_user"), ge=0)
     cost_per_workspace: float = Field(default=setting_default("daily_cost_per_workspace"), ge=0)
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> DailyQuotas:
+        """DAILY_RUNS_PER_USER and DAILY_COST_PER_WORKSPACE."""
+        return cls(runs_per_user=settings.daily_runs_per_user, cost_per_workspace=settings.daily_cost_per_workspace)
 
     @property
     def enabled(self) -> bool:

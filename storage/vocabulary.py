@@ -99,6 +99,17 @@ CADENCE_DAYS: dict[Cadence, int] = {"daily": 1, "weekly": 7, "monthly": 28}  # t
 WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 
 
+SkipKind = Literal["runs_per_user", "cost_per_workspace", "workspace_queue", "owner_queue", "thread_busy"]
+
+
+class SkipReason(NamedTuple):
+    """Why a watch's window started no run: the cap that refused it and that cap's figure (runs or dollars allowed,
+    runs already waiting; none for a thread still busy). `chat.watches` puts it in words."""
+
+    kind: SkipKind
+    figure: float = 0.0
+
+
 class WatchLimits(NamedTuple):
     """What a workspace may have: `max_active` active watches (0: no cap), none repeating oftener than `min_interval`."""
 

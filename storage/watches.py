@@ -29,13 +29,14 @@ from storage.admission import waiting
 from storage.conversations import PRIVATE, hold_lock_of
 from storage.db import Sessions, changed_rows, database_now, hold_write_lock, off_loop
 from storage.models import Conversation, ConversationFile, Message, Run, Watch, WorkspaceSetting
-from storage.quotas import DailyQuotas, QuotaReached, quota_reached
+from storage.quotas import DailyQuotas, quota_reached
 from storage.vocabulary import (
     CADENCE_DAYS,
     WATCH_ACTIVE,
     WATCH_PAUSED,
     WATCH_STOPPED,
     RunOptions,
+    SkipReason,
     WatchLimits,
     WatchSchedule,
     WatchState,
@@ -78,13 +79,13 @@ class WatchView:
 
 
 class Fired(NamedTuple):
-    """What a tick did with one claimed watch: a run stored (`run_id`), or the window skipped and why (`reason`, in
-    plain words); `watch` as it was when fired."""
+    """What a tick did with one claimed watch: a run stored (`run_id`), or the window skipped and why (`reason`);
+    `watch` as it was when fired."""
 
     outcome: FireOutcome
     watch: WatchView
     run_id: int | None = None
-    reason: str | None = None
+    reason: SkipReason | None = None
 
 
 class FiringLimits(NamedTuple):
@@ -96,9 +97,7 @@ class FiringLimits(NamedTuple):
 
     @classmethod
     def from_settings(cls, settings: Any) -> FiringLimits:
-        return cls(DailyQuotas(runs_per_user=settings.daily_runs_per_user,
-                               cost_per_workspace=settings.daily_cost_per_workspace),
-                   max_waiting=settings.max_queued_per_user,
+        return cls(DailyQuotas.from_settings(settings), max_waiting=settings.max_queued_per_user,
                    max_waiting_in_workspace=settings.max_queued_per_workspace)
 
 
@@ -268,37 +267,30 @@ def fire_claimed(sessions: Sessions, watch_id: int, owner: str, *, limits: Firin
             with session.begin_nested():
                 run = _store_fired_run(session, watch, moment)
         except IntegrityError:  # its one thread has a run in flight (the one-per-thread index)
-            return Fired("skipped", view, reason="a run was still going in its thread")
+            return Fired("skipped", view, reason=SkipReason("thread_busy"))
         watch.last_run_id = run.id
         watch.fired += 1
         return Fired("fired", view, run_id=run.id)
 
 
-def _refusal(session: Session, watch: Watch, limits: FiringLimits, moment: dt.datetime) -> str | None:
+def _refusal(session: Session, watch: Watch, limits: FiringLimits, moment: dt.datetime) -> SkipReason | None:
     """Why this window's run may not start (the same quotas and queue caps as a person's run), or None."""
     reached = quota_reached(session, limits.quotas, user=watch.created_by, workspace=watch.workspace, now=moment)
     if reached is not None:
-        return quota_words(reached)
+        return SkipReason(reached.limit, reached.allowed)
     if limits.max_waiting_in_workspace:
         hold_lock_of(session, f"workspace:{watch.workspace}")
         waiting_here = session.scalar(select(func.count()).select_from(Run).where(
             Run.workspace == watch.workspace, waiting())) or 0
         if waiting_here >= limits.max_waiting_in_workspace:
-            return f"{waiting_here} runs were already waiting in this workspace, as many as may wait"
+            return SkipReason("workspace_queue", waiting_here)
     if limits.max_waiting is not None:
         hold_lock_of(session, watch.created_by)
         waiting_now = session.scalar(select(func.count()).select_from(Run).where(
             Run.requested_by == watch.created_by, waiting())) or 0
         if waiting_now >= limits.max_waiting:
-            return f"its owner already had {waiting_now} runs waiting, as many as may wait"
+            return SkipReason("owner_queue", waiting_now)
     return None
-
-
-def quota_words(reached: QuotaReached) -> str:
-    """A daily quota that refused, in plain words."""
-    if reached.limit == "runs_per_user":
-        return f"its owner reached the daily limit of {int(reached.allowed)} runs"
-    return f"this workspace reached its daily spending limit of ${reached.allowed:.2f}"
 
 
 def _store_fired_run(session: Session, watch: Watch, moment: dt.datetime) -> Run:
@@ -375,7 +367,6 @@ class PreviousRun(NamedTuple):
 
     run_id: int
     finished_at: dt.datetime | None
-    channel: str
     thread: str
     watch_id: int | None = None
     schedule: str = ""  # the watch's schedule in words (`every Monday at 09:00 (Europe/Paris)`)
@@ -400,7 +391,7 @@ def previous_run(sessions: Sessions, run_id: int) -> PreviousRun | None:
         made_in = watch.thread if watch is not None else compared.conversation.thread
         thread = made_in if watch is not None and watch.one_thread else (
             _latest_thread(session, run.watch_id, before=run_id) or made_in)
-        return PreviousRun(compared.id, compared.finished_at, compared.conversation.channel, thread,
+        return PreviousRun(compared.id, compared.finished_at, thread,
                            watch_id=run.watch_id, schedule=watch.schedule.describe() if watch is not None else "")
 
 

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 
 from chat.message import Messenger, MessengerError, Place
 from chat.platform import Outbound
-from chat.text import shortened, single_line
-from chat.watches import tell_owner_stopped
+from chat.watches import skipped_line, tell_owner_stopped
 from ops.metrics import Metrics
 from research.changes import Change, PassageSnapshot, SourceSnapshot, changes_markdown, compute_changes, source_key
 from research.report import CitedPassage, Report, ReportSource, WatchComparison
@@ -27,6 +26,7 @@ from storage.snapshots import asource_snapshots
 from storage.watches import (
     Fired,
     FiringLimits,
+    SkipReason,
     WatchView,
     aclaim_due,
     afire_claimed,
@@ -77,14 +77,15 @@ class WatchTick:
                 await asyncio.to_thread(self.queue.submit, fired.run_id)
             else:
                 logger.info("watch %s skipped a window: %s", watch_id, fired.reason)
-                await self._say_skipped(fired.watch, fired.reason or "")
+                if fired.reason is not None:
+                    await self._say_skipped(fired.watch, fired.reason)
         return outcomes
 
     def _count(self, outcome: str) -> None:
         if self.metrics is not None:
             self.metrics.watch_runs.labels(outcome=outcome).inc()
 
-    async def _say_skipped(self, watch: WatchView, reason: str) -> None:
+    async def _say_skipped(self, watch: WatchView, reason: SkipReason) -> None:
         """One line in the watch's latest thread: this window's run did not start, why, and when it tries again."""
         try:
             parts = self.platform_parts(watch.platform)
@@ -96,11 +97,6 @@ class WatchTick:
         text = skipped_line(watch, reason)
         await say_in_thread(parts.messenger, Place(platform=watch.platform, workspace=watch.workspace,
                                                    channel=watch.channel, thread=thread), parts, text)
-
-
-def skipped_line(watch: WatchView, reason: str) -> str:
-    return (f"⏭️ This watch's run did not start: {reason}. It tries again {watch.schedule.describe()} "
-            f"(“{shortened(single_line(watch.question), 80)}”).")
 
 
 async def say_in_thread(messenger: Messenger, place: Place, parts: Outbound, text: str) -> None:

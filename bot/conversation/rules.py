@@ -89,8 +89,7 @@ class CoreSettings:
         return cls(admins=frozenset(settings.admin_user_ids), cancel_emoji=frozenset(settings.cancel_emoji),
                    max_queued_per_user=settings.max_queued_per_user,
                    max_queued_per_workspace=settings.max_queued_per_workspace,
-                   daily_quotas=DailyQuotas(runs_per_user=settings.daily_runs_per_user,
-                                            cost_per_workspace=settings.daily_cost_per_workspace),
+                   daily_quotas=DailyQuotas.from_settings(settings),
                    watch_limits=WatchLimits.from_settings(settings))
 
 
