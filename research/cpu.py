@@ -68,10 +68,17 @@ class _StartTable:
         self.started_at = context.RawArray(ctypes.c_double, _START_TABLE_SLOTS)
 
     def start_of(self, token: int) -> tuple[int, float] | None:
-        """(pid, monotonic start) of a task that a child has started, or None while it waits."""
+        """(pid, monotonic start) of a task that a child has started, or None while it waits.
+
+        The token is read before the pid and the time, and again after: read first, a child writing the slot in
+        between left its token with the slot's previous pid and time (at first 0 and 0.0: a task "started" at
+        boot, long past its limit, in "process" 0, and the watchdog's kill of pid 0 was the worker's whole process
+        group)."""
         slot = token % _START_TABLE_SLOTS
-        pid, started_at = self.pids[slot], self.started_at[slot]
         if self.tokens[slot] != token:
+            return None
+        pid, started_at = self.pids[slot], self.started_at[slot]
+        if self.tokens[slot] != token or pid <= 0:
             return None
         return pid, started_at
 
@@ -288,7 +295,7 @@ class SupervisedPool(Executor):
             generation.retired = reason
             if generation is self._generation and not self._shut_down.is_set():
                 self._generation = self._new_generation()
-        if kill_pid is not None:
+        if kill_pid is not None and kill_pid > 0 and kill_pid != os.getpid():  # never a group, never this process
             try:
                 os.kill(kill_pid, signal.SIGKILL)  # the executor then sees a dead child and fails every task it held
             except ProcessLookupError:
