@@ -11,7 +11,7 @@ from collections.abc import Callable, Collection
 from typing import Any, NamedTuple
 
 from sqlalchemy import select, update
-from sqlalchemy.orm import joinedload
+from sqlalchemy.orm import defer, joinedload
 
 from storage.db import Sessions, changed_rows, database_now, off_loop
 from storage.leases import holds_attempt
@@ -33,16 +33,21 @@ class FailedDeliveries(NamedTuple):
     given_up: bool
 
 
+# A run's report, in its two forms, is most of its row: the delivery's reads and writes of the run's other columns leave
+# it in the database (a report of 20 kB was parsed from JSON at each of a run's steps of delivery).
+WITHOUT_REPORT = (defer(Run.report_json), defer(Run.report_markdown))
+
+
 def delivery_run(sessions: Sessions, run_id: int) -> Run | None:
     """The run with its conversation (its thread), detached; None when it does not exist."""
     with sessions() as session:
-        return session.get(Run, run_id, options=[joinedload(Run.conversation)])
+        return session.get(Run, run_id, options=[joinedload(Run.conversation), *WITHOUT_REPORT])
 
 
 def delivered_messages(sessions: Sessions, run_id: int) -> list[DeliveredMessage]:
     """The messages recorded as delivered for the run (none when it does not exist)."""
     with sessions() as session:
-        run = session.get(Run, run_id)
+        run = session.get(Run, run_id, options=WITHOUT_REPORT)
         return list(run.delivered_messages or []) if run is not None else []
 
 
@@ -57,7 +62,7 @@ def record_delivered(sessions: Sessions, run_id: int, attempt: int, delivered: l
 def may_stream_answer(sessions: Sessions, run_id: int, attempt: int) -> bool:
     """Whether `attempt` owns the run and nothing of its answer is in the thread yet (a retry edits that)."""
     with sessions() as session:
-        run = session.get(Run, run_id)
+        run = session.get(Run, run_id, options=WITHOUT_REPORT)
         return run is not None and run.attempt == attempt and not run.delivered_messages
 
 
@@ -75,8 +80,8 @@ def report_for_delivery(sessions: Sessions, run_id: int, attempt: int, *,
     with sessions.begin() as session:
         if not holds_attempt(session, run_id, attempt):
             return None
-        run = session.get(Run, run_id)
-        if run is None or run.report_json is None:
+        run = session.get(Run, run_id, options=() if read_report else WITHOUT_REPORT)
+        if run is None or (read_report and run.report_json is None):  # a caller with the report has it from the run
             return None
         run.delivery_intent_at = run.delivery_intent_at or utcnow()
         return (run.report_json if read_report else None), list(run.delivered_messages or [])
@@ -105,7 +110,7 @@ def record_failed_delivery(sessions: Sessions, run_id: int, attempt: int, *, las
     None when the run is not this attempt's to deliver (a newer attempt, or already delivered).
     """
     with sessions.begin() as session:
-        run = session.get(Run, run_id)
+        run = session.get(Run, run_id, options=WITHOUT_REPORT)
         if run is None or run.attempt != attempt or run.delivered_at is not None:
             return None
         now = now or database_now(session)
@@ -146,14 +151,14 @@ def progress_message(delivered: list[DeliveredMessage]) -> DeliveredMessage | No
 def may_open_progress(sessions: Sessions, run_id: int, attempt: int) -> bool:
     """Whether `attempt` owns the run and no attempt has opened a progress message yet (one per run, ever)."""
     with sessions() as session:
-        run = session.get(Run, run_id)
+        run = session.get(Run, run_id, options=WITHOUT_REPORT)
         return run is not None and run.attempt == attempt and progress_message(list(run.delivered_messages or [])) is None
 
 
 def record_progress_message(sessions: Sessions, run_id: int, attempt: int, ref: dict[str, Any]) -> bool:
     """Record the streamed progress message `ref` on the run (unless a newer attempt owns it); whether it was recorded."""
     with sessions.begin() as session:
-        run = session.get(Run, run_id)
+        run = session.get(Run, run_id, options=WITHOUT_REPORT)
         if run is None or run.attempt != attempt:
             return False
         run.delivered_messages = [*(run.delivered_messages or []), DeliveredMessage(kind="progress", ref=ref)]
@@ -163,7 +168,7 @@ def record_progress_message(sessions: Sessions, run_id: int, attempt: int, ref: 
 def mark_progress_final(sessions: Sessions, run_id: int, attempt: int) -> None:
     """Record that the progress message shows the run's final state, so no retry edits it again."""
     with sessions.begin() as session:
-        run = session.get(Run, run_id)
+        run = session.get(Run, run_id, options=WITHOUT_REPORT)
         if run is None or run.attempt != attempt:
             return
         run.delivered_messages = [entry.model_copy(update={"final": True}) if entry.kind == "progress" else entry
@@ -173,7 +178,7 @@ def mark_progress_final(sessions: Sessions, run_id: int, attempt: int) -> None:
 def unfinished_progress_message(sessions: Sessions, run_id: int) -> dict[str, Any] | None:
     """The reference of the run's progress message while it does not show the final state yet."""
     with sessions() as session:
-        run = session.get(Run, run_id)
+        run = session.get(Run, run_id, options=WITHOUT_REPORT)
         entry = progress_message(list(run.delivered_messages or [])) if run is not None else None
     return entry.ref if entry is not None and not entry.final else None
 

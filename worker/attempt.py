@@ -16,6 +16,7 @@ import asyncio
 import concurrent.futures
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -57,7 +58,7 @@ from worker.runner import (
 if TYPE_CHECKING:  # a worker's parts (Redis's client with them), not the terminal's: a fifth of its start-up
     from storage.answer_drafts import AnswerDraftWriter
     from worker.cancels import CancelWatcher
-    from worker.delivery import RunDelivery
+    from worker.delivery import DeliveryOutcome, RunDelivery
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +87,8 @@ class RunAttempt:
         self.delivery = delivery
         self.report: Report | None = None  # the report stored as the run's outcome, for the delivery
         self.recorder: RunRecorder | None = None
+        self.stored = False  # this attempt stored the run's outcome: it is the run's last attempt, for good
+        self._finishing: concurrent.futures.Future[DeliveryOutcome] | None = None  # the delivery's end, once started
 
     @classmethod
     async def start(cls, run_id: int, services: RunnerServices, *, owner: str | None = None,
@@ -93,7 +96,8 @@ class RunAttempt:
         """Take run `run_id`'s lease as a new attempt, off the loop (a worker's Celery thread calls `start_attempt`
         itself); None when the run has ended or another attempt holds it. Raises LookupError for no such run."""
         owner = owner or worker_identity()
-        started = as_started(await astart_attempt(services.sessions, run_id, owner, services.lease_seconds))
+        asked_at = time.monotonic()
+        started = as_started(await astart_attempt(services.sessions, run_id, owner, services.lease_seconds), asked_at)
         return None if started is None else cls(started, services, owner=owner, delivery=delivery)
 
     async def execute(self, *, on_state: OnState | None = None, cancel: CancelToken | None = None,
@@ -127,6 +131,7 @@ class RunAttempt:
         observer = services.metrics.run_started(mode=run.mode, created_at=run.created_at, started_at=run.started_at,
                                                 first_attempt=run.attempt == 1) if services.metrics is not None else None
         recorder = self.recorder = RunRecorder(services.sessions, run, on_state, observer=observer,
+                                               overloaded=services.overloaded,
                                                progress=self.started.first_progress())
         if on_state is not None:
             # The status message leaves "queued" as soon as this attempt holds the run, before the engine starts.
@@ -140,8 +145,13 @@ class RunAttempt:
         # thread, so that a saturated runs loop cannot let it lapse.
         own_keeper = services.leases is None
         keeper = services.leases or LeaseKeeper(services.sessions, services.lease_seconds)
+        lease = HeldLease(run.id, run.attempt, self.owner)
+        if self.delivery is not None:
+            # Each status edit and post checks that this attempt still owns the run: while the lease is kept and was
+            # lately renewed, or once the outcome is stored, that is known here, without a query on a busy database.
+            self.delivery.known_current = functools.partial(self._known_current, keeper, lease)
         try:
-            with keeper.keeping(HeldLease(run.id, run.attempt, self.owner), cancel):
+            with keeper.keeping(lease, cancel, taken_at=self.started.asked_at):
                 try:
                     async with asyncio.timeout(hard_deadline) as deadline:
                         report = await work
@@ -191,6 +201,7 @@ class RunAttempt:
                 keeper.stop()
         if not stored:
             return None
+        self.stored = True
         self.report = report
         if observer is not None:
             observer.finished(final_state, pages=state.fetches.values())
@@ -200,6 +211,11 @@ class RunAttempt:
         if report is not None and report.partial:
             final.update(partial=True, partial_reason=report.partial_reason)
         return recorder.progress.model_copy(update=final)
+
+    def _known_current(self, keeper: LeaseKeeper, lease: HeldLease, attempt: int) -> bool:
+        """Whether `attempt` is surely the run's current one (from any thread): this attempt, with its outcome stored
+        (a finished run takes no new attempt) or its lease held (none is taken before a lease lapses)."""
+        return attempt == lease.attempt and (self.stored or keeper.holds(lease))
 
     async def _engine_work(self, recorder: RunRecorder, cancel: CancelToken, state: engine.ResearchState,
                            on_text: OnText | None) -> tuple[Awaitable[Report | None], ResearchOptions]:
@@ -286,10 +302,13 @@ class RunAttempt:
             final = loops.runs.run(self._engine_in_worker(loops, cancels, answer_draft, close, first_edit))
             if final is not None and delivery is not None:
                 set_run_phase("deliver")
-                loops.delivery.call(delivery.finish(final, report=self.report)).result()
+                # Started on the delivery loop as soon as the outcome was stored (`_engine_in_worker`).
+                (self._finishing or loops.delivery.call(delivery.finish(final, report=self.report))).result()
                 finished = True
         finally:
-            if delivery is not None and not finished:  # a stale attempt, or one that broke
+            if delivery is not None and not finished and self._finishing is not None:
+                self._finishing.result()  # the delivery had begun: it ends on its own (it never raises)
+            elif delivery is not None and not finished:  # a stale attempt, or one that broke
                 if first_edit is not None:  # the first edit, never awaited if the engine broke first, settles first
                     concurrent.futures.wait([first_edit])
                 loops.delivery.call(delivery.abandon()).result()
@@ -323,6 +342,10 @@ class RunAttempt:
                 final = await self.execute(on_state=on_state, cancel=cancel, on_text=on_text)
             if final is not None and final.state == "cancelled" and final.cancelled_by is None:
                 final = final.model_copy(update={"cancelled_by": cancel.cancelled_by})
+            if final is not None and delivery is not None:
+                # The report goes out now, not once this job's clients are closed and its Celery thread has woken:
+                # under a burst of runs, those hand-overs alone held reports back by a second and more.
+                self._finishing = loops.delivery.call(delivery.finish(final, report=self.report))
             return final
         finally:
             if answer_draft is not None:

@@ -46,6 +46,7 @@ from storage.deliveries import (
     arun_with_events,
     astill_waiting,
     delivery_run,
+    progress_message,
     run_with_events,
 )
 from storage.leases import aclaim_undelivered, ais_current_attempt
@@ -134,6 +135,7 @@ class DeliveryTarget:
     mode: str = ""
     watch_id: int | None = None  # the watch that fired the run; its thread may not be opened yet (place.thread None)
     pending: bool = False  # a watch's run whose thread is not opened yet (its watch may be deleted since)
+    progress_recorded: bool = False  # an attempt had opened a streamed progress message when the target was read
 
     @classmethod
     def load(cls, sessions: Sessions, run_id: int) -> DeliveryTarget | None:
@@ -148,7 +150,8 @@ class DeliveryTarget:
                                channel=conversation.channel, thread=thread),
                    status_ref=MessageRef.model_validate(run.status_message) if run.status_message else None,
                    requester=platform_user(run.requested_by), mode=run.mode, watch_id=run.watch_id,
-                   pending=thread is None and is_pending(conversation.thread))
+                   pending=thread is None and is_pending(conversation.thread),
+                   progress_recorded=progress_message(list(run.delivered_messages or [])) is not None)
 
 
 class RunDelivery:
@@ -156,7 +159,8 @@ class RunDelivery:
 
     def __init__(self, sessions: Sessions, target: DeliveryTarget, *, messenger: Messenger,
                  renderer: PlatformRenderer, bucket: EditBudget, min_interval: float = 1.0,
-                 retry: DeliveryRetry | None = None, clock: WallClock | None = None) -> None:
+                 retry: DeliveryRetry | None = None, clock: WallClock | None = None,
+                 busy: Callable[[], bool] = lambda: False) -> None:
         self.sessions = sessions
         self.run_id = target.run_id
         self.place = target.place
@@ -170,11 +174,16 @@ class RunDelivery:
         self._clock = clock  # None: the database's clock, the one the sweep judges retry times by
         self._first_shown = False
         self._fresh_attempt: int | None = None  # an attempt known to hold the lease without asking the database
+        # Whether an attempt is surely the run's current one without asking the database (its lease kept here, its
+        # outcome stored by it): set by the attempt (`worker.attempt`); None: the database is asked.
+        self.known_current: Callable[[int], bool] | None = None
         self._report_in_thread = False
         self.answer_stream: AnswerStream | None = None
+        # `busy`: whether the process is too loaded for ordinary status edits (worker.loop.RunLoop.overloaded).
         self.editor = StatusEditor(self._edit_status, bucket=bucket, workspace=self.place.workspace,
-                                   min_interval=min_interval)
+                                   min_interval=min_interval, busy=busy)
         self.progress_stream = self._progress_stream(target.mode, bucket, min_interval)
+        self._progress_recorded = target.progress_recorded
         self._latest: RunProgress | None = None
         self._status_phase: tuple[str | None, str] | None = None  # what the status message last showed while streaming
 
@@ -208,6 +217,8 @@ class RunDelivery:
         return changed
 
     async def _owns(self, attempt: int) -> bool:
+        if self.known_current is not None and self.known_current(attempt):
+            return True
         return await ais_current_attempt(self.sessions, self.run_id, attempt)
 
     async def _edit_status(self, progress: RunProgress) -> None:
@@ -267,6 +278,8 @@ class RunDelivery:
 
     async def _final_progress_message(self, progress: RunProgress) -> None:
         """The final state in the run's streamed progress message, if it has one, once; a deleted message is let go."""
+        if self.progress_stream is None and not self._progress_recorded:
+            return  # no attempt had opened one when this delivery began, and this one opens none: nothing to read
         try:
             await finish_progress_message(self.sessions, self.run_id, progress, messenger=self.messenger,
                                           stream=self.progress_stream)
@@ -289,6 +302,9 @@ class RunDelivery:
         try:
             await self.close_answer_stream()
             await self._final_progress_message(progress)
+            if self._watch_run and report is None and progress.state == "done":
+                # Read once (a retry's): whether the watch's run has a thread of its own depends on it, then it is posted.
+                report = await astored_report(self.sessions, self.run_id)
             if not self._watch_run or await self._watch_run_placed(progress, report):
                 await self._report_or_notice(progress.attempt, report)
                 await self._final_status(progress)
@@ -313,8 +329,6 @@ class RunDelivery:
         """For a watch's run: whether its report goes in a thread — one opened now, with a headline, when the run has
         none yet — or, when nothing changed since the watch's previous run (or the run ended without a report), False
         once one quiet line says so in the previous run's thread instead."""
-        if report is None and progress.state == "done":
-            report = await astored_report(self.sessions, self.run_id)
         comparison = report.watch if report is not None else None
         quiet = quiet_line(progress, comparison) if report is None or progress.state != "done" or (
             comparison is not None and not comparison.changes) else None
@@ -419,7 +433,8 @@ class RunDelivery:
             return
         report_json, delivered = stored
         report = report or Report.model_validate(report_json)
-        delivery = self.renderer.report(report, requester=self.requester, run_id=self.run_id)
+        # Rendering a report parses all its Markdown: in a thread, not on the loop every run's status edits share.
+        delivery = await asyncio.to_thread(self.renderer.report, report, requester=self.requester, run_id=self.run_id)
         posted = [entry for entry in delivered if entry.kind == "message"]
         for index, content in enumerate(delivery.messages):
             if index < len(posted):

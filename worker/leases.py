@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import math
 import threading
 import time
 import uuid
@@ -37,6 +38,7 @@ class _Kept:
     loop: asyncio.AbstractEventLoop
     token: CancelToken
     renewed_at: float
+    confirmed_at: float  # when the lease was last asked for and granted: it lasts a whole lease from then
 
 
 class LeaseKeeper:
@@ -60,9 +62,10 @@ class LeaseKeeper:
         self._failing = False
 
     @contextmanager
-    def keeping(self, lease: HeldLease, token: CancelToken) -> Iterator[None]:
-        """Keep `lease` while in the block; a loss cancels `token` (from the running loop's thread)."""
-        kept = _Kept(asyncio.get_running_loop(), token, renewed_at=self._clock())
+    def keeping(self, lease: HeldLease, token: CancelToken, *, taken_at: float = -math.inf) -> Iterator[None]:
+        """Keep `lease` while in the block; a loss cancels `token` (from the running loop's thread). `taken_at` is
+        when the lease was asked for (on this keeper's clock), if known: `holds` trusts it until the first renewal."""
+        kept = _Kept(asyncio.get_running_loop(), token, renewed_at=self._clock(), confirmed_at=taken_at)
         with self._lock:
             self._held[lease] = kept
             if self._thread is None and not self._stopping.is_set():
@@ -74,6 +77,14 @@ class LeaseKeeper:
             with self._lock:
                 if self._held.get(lease) is kept:
                     del self._held[lease]
+
+    def holds(self, lease: HeldLease) -> bool:
+        """Whether `lease` is surely still this process's, without asking the database: kept here, and asked for and
+        granted less than two thirds of a lease ago (a third is left for the clocks and the statements between). No
+        other attempt can take a run before its lease has lapsed."""
+        with self._lock:
+            kept = self._held.get(lease)
+            return kept is not None and self._clock() - kept.confirmed_at < self.lease_seconds * 2 / 3
 
     def renew(self) -> None:
         """One pass: renew every held lease, and stop the attempts whose lease is lost or has lapsed unrenewed."""
@@ -94,9 +105,10 @@ class LeaseKeeper:
             self._failing = False
             for lease, kept in held.items():
                 if lease not in lost:
-                    kept.renewed_at = started
+                    kept.renewed_at = kept.confirmed_at = started
         for lease in lost:
             kept = held[lease]
+            kept.confirmed_at = -math.inf  # not this attempt's any more, whatever its last renewal said
             logger.warning("run %s attempt %s lost its lease; stopping it", lease.run_id, lease.attempt)
             kept.token.cancel_from_thread(kept.loop, LEASE_LOST)
 

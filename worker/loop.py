@@ -30,6 +30,10 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+# How often a loop measures how late it runs what is due, and the lateness from which it counts as overloaded.
+LAG_PROBE_SECONDS = 0.1
+OVERLOADED_LAG_SECONDS = 0.25
+
 class RunLoop:
     """A shared event loop on a daemon thread; `run(coroutine)` executes one job on it from any other thread."""
 
@@ -46,7 +50,24 @@ class RunLoop:
         self._jobs = itertools.count(1)
         self.loop.set_task_factory(self._task_factory)
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._lag = 0.0
         self._thread.start()
+        self.loop.call_soon_threadsafe(lambda: self.loop.create_task(self._probe_lag(), name=f"{name}-lag-probe"))
+
+    @property
+    def lag(self) -> float:
+        """How late (seconds) the loop last ran a callback that was due: near 0 while it keeps up."""
+        return self._lag
+
+    def overloaded(self) -> bool:
+        """Whether the loop runs what is due late enough that optional work should wait (from any thread)."""
+        return self._lag >= OVERLOADED_LAG_SECONDS
+
+    async def _probe_lag(self) -> None:
+        while True:
+            asked = self.loop.time()
+            await asyncio.sleep(LAG_PROBE_SECONDS)
+            self._lag = max(0.0, self.loop.time() - asked - LAG_PROBE_SECONDS)
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         """Run `coroutine` on the shared loop and return its result (raise its exception); call from another thread."""

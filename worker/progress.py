@@ -22,6 +22,8 @@ SendStatus = Callable[[RunProgress], Awaitable[None]]
 
 # The shortest pause between two asks for a token while the final edit waits, so a tiny wait cannot spin.
 SHORTEST_BUCKET_POLL_SECONDS = 0.05
+# The least time between two edits of one message while the process is overloaded (the latest state still wins).
+OVERLOADED_MIN_INTERVAL_SECONDS = 3.0
 
 
 class EditBudget(Protocol):
@@ -75,8 +77,9 @@ class StatusEditor:
 
     `update` only records the state and returns; one background task sends, in order, so a slow
     send can never let an older state overwrite a newer one. A phase or run-state change is a
-    priority edit for the workspace budget; an ordinary edit the budget refuses is skipped and the
-    latest state tried again an interval later.
+    priority edit for the workspace budget; an ordinary edit the budget refuses, or one made while
+    `busy()` says the process is overloaded, is skipped and the latest state tried again an interval
+    later.
     """
 
     def __init__(
@@ -90,8 +93,10 @@ class StatusEditor:
         clock: Clock = time.monotonic,
         sleep: Sleep = asyncio.sleep,
         count_edit: Callable[[StatusEdit], None] = record_status_edit,
+        busy: Callable[[], bool] = lambda: False,
     ) -> None:
         self._send = send
+        self._busy = busy  # whether the process is too busy for ordinary edits (its delivery loop lags)
         self._count_edit = count_edit
         self._bucket = bucket
         self._workspace = workspace
@@ -176,12 +181,19 @@ class StatusEditor:
 
     async def _send_if_budget_allows(self, progress: RunProgress) -> None:
         priority = self._is_phase_change(progress)
-        try:
-            granted = await self._bucket.take(self._workspace, priority=priority)
-        except Exception:
-            logger.warning("edit budget unavailable; status edit skipped", exc_info=True)
+        if not priority and self._busy():
+            # Shed while the process is overloaded: a count moving is the edit least missed, and every run's phase
+            # changes, first and final states, and reports go out sooner without it. The latest state waits its turn.
             granted = False
-        self._next_edit_at = self._clock() + self._min_interval
+        else:
+            try:
+                granted = await self._bucket.take(self._workspace, priority=priority)
+            except Exception:
+                logger.warning("edit budget unavailable; status edit skipped", exc_info=True)
+                granted = False
+        # Under load, a message is edited less often: fewer edits, each showing the latest state, phase changes too.
+        interval = max(self._min_interval, OVERLOADED_MIN_INTERVAL_SECONDS) if self._busy() else self._min_interval
+        self._next_edit_at = self._clock() + interval
         if not granted:
             self._count_edit(StatusEdit.SKIPPED)
             if self._pending is None:

@@ -8,6 +8,8 @@ import asyncio
 import threading
 import datetime as dt
 import logging
+import math
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -50,6 +52,8 @@ TERMINAL_STATE_OF_EVENT: dict[str, RunState] = {"complete": "done", "aborted": "
 HISTORY_MESSAGES = 20
 MAX_HISTORY_REPLY_CHARS = 6_000
 EVENT_WRITE_DELAY_SECONDS = 0.25
+# The batches' delay while the process is overloaded: a transaction a second per run instead of four.
+OVERLOADED_EVENT_WRITE_DELAY_SECONDS = 1.0
 # Waits between tries of storing a finished run's outcome while the database is briefly unavailable.
 STORE_RETRY_DELAYS_SECONDS = (1.0, 2.0, 4.0, 8.0)
 
@@ -68,6 +72,8 @@ class RunnerServices:
     metrics: Metrics | None = None  # the process's Prometheus metrics (ops.metrics), fed by every run's events
     # The process's lease keeper (a worker's, shared by its runs); None: the attempt keeps its lease with one of its own.
     leases: LeaseKeeper | None = None
+    # Whether the process is overloaded (a worker's runs loop lagging): events are then written in fewer, larger batches.
+    overloaded: Callable[[], bool] = lambda: False
 
 
 def options_for_run(base: ResearchOptions, stored: RunOptions) -> ResearchOptions:
@@ -93,14 +99,16 @@ def options_for_run(base: ResearchOptions, stored: RunOptions) -> ResearchOption
 class RunRecorder:
     """Stores a run's events and its findings at the end; folds each event into progress at once.
 
-    Events reach the database in batches, at most `write_delay` seconds after they happen, and a
-    terminal event writes at once: one transaction for many events costs a busy
-    worker far less than one each.
+    Events reach the database in batches, at most `write_delay` seconds after they happen (the
+    longer `overloaded_write_delay` while `overloaded()` says the process is), and a terminal
+    event writes at once: one transaction for many events costs a busy worker far less than one each.
     """
 
     def __init__(self, sessions: Sessions, run: Run, on_state: OnState | None, *,
                  write_delay: float = EVENT_WRITE_DELAY_SECONDS, sleep: Sleep = asyncio.sleep,
-                 observer: RunObserver | None = None, progress: RunProgress | None = None) -> None:
+                 observer: RunObserver | None = None, progress: RunProgress | None = None,
+                 overloaded: Callable[[], bool] = lambda: False,
+                 overloaded_write_delay: float = OVERLOADED_EVENT_WRITE_DELAY_SECONDS) -> None:
         self.sessions = sessions
         self.observer = observer
         self.run_id = run.id
@@ -109,6 +117,8 @@ class RunRecorder:
         self.progress = progress or RunProgress.for_run(run, state="running")
         self.terminal: TerminalEvent | None = None
         self._write_delay = write_delay
+        self._overloaded = overloaded
+        self._overloaded_write_delay = max(write_delay, overloaded_write_delay)
         self._sleep = sleep
         self._unwritten: list[dict[str, Any]] = []
         self._unwritten_lock = threading.Lock()  # the loop adds events while a thread may be writing earlier ones
@@ -165,7 +175,7 @@ class RunRecorder:
                 raise
 
     async def _write_soon(self) -> None:
-        await self._sleep(self._write_delay)
+        await self._sleep(self._overloaded_write_delay if self._overloaded() else self._write_delay)
         self._writer = None
         try:
             # In a thread: a write waiting for the database must not hold up every run sharing the event loop.
@@ -219,23 +229,26 @@ def _file_details(document: FileDocument | None) -> dict[str, Any] | None:
 
 
 class StartedAttempt(NamedTuple):
-    """A run whose lease this worker has just taken as a new attempt, and the seq its first event gets."""
+    """A run whose lease this worker has just taken as a new attempt, the seq its first event gets, and when (on
+    `time.monotonic`) the lease was asked for: it lasts at least the lease's length from then."""
 
     run: Run
     first_seq: int
+    asked_at: float = -math.inf  # unknown: the lease is not taken for held without asking the database
 
     def first_progress(self) -> RunProgress:
         """What the run's status shows as the attempt starts, before any event."""
         return RunProgress.for_run(self.run, state="running", last_seq=self.first_seq - 1)
 
 
-def as_started(taken: AttemptStart | None) -> StartedAttempt | None:
-    """The attempt storage has just started, its run named on the log lines from now on."""
+def as_started(taken: AttemptStart | None, asked_at: float) -> StartedAttempt | None:
+    """The attempt storage has just started (its lease asked for at `asked_at`), its run named on the log lines from
+    now on."""
     if taken is None:
         return None
     run = taken.run
     describe_run(conversation_id=run.conversation_id, platform=run.conversation.platform, workspace=run.workspace)
-    return StartedAttempt(run, taken.first_seq)
+    return StartedAttempt(run, taken.first_seq, asked_at)
 
 
 def start_attempt(sessions: Sessions, run_id: int, owner: str, lease_seconds: float) -> StartedAttempt | None:
@@ -244,7 +257,8 @@ def start_attempt(sessions: Sessions, run_id: int, owner: str, lease_seconds: fl
     Returns None when the run has ended or another attempt holds a live lease. Raises LookupError
     when the run does not exist.
     """
-    return as_started(take_attempt(sessions, run_id, owner, lease_seconds))
+    asked_at = time.monotonic()
+    return as_started(take_attempt(sessions, run_id, owner, lease_seconds), asked_at)
 
 
 def findings_of(state: engine.ResearchState) -> Findings:

@@ -148,7 +148,7 @@ class WorkerRuntime:
         services = RunnerServices(sessions=self.sessions, tools=tools, options=research_options(settings),
                                   hard_deadline_grace_seconds=settings.worker_deadline_grace_seconds,
                                   lease_seconds=settings.worker_lease_seconds, metrics=process_metrics(),
-                                  leases=self.leases)
+                                  leases=self.leases, overloaded=self.loop.overloaded)
 
         async def close() -> None:
             await llm_http.aclose()  # ours, not the LLM client's, so its aclose() leaves it open
@@ -192,7 +192,7 @@ class WorkerRuntime:
         if target is None or parts is None:
             return None
         return RunDelivery(self.sessions, target, messenger=parts.messenger, renderer=parts.renderer, bucket=self.edit_bucket,
-                           retry=DeliveryRetry.from_settings(self.settings))
+                           retry=DeliveryRetry.from_settings(self.settings), busy=self.delivery_loop.overloaded)
 
     def watch_tick(self) -> None:
         """Fire the watches that are due (the beat's `deepthread.watch_tick`); call from a worker thread."""

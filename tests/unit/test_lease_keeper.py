@@ -164,3 +164,31 @@ def test_a_lease_whose_run_just_ended_in_its_attempt_is_let_go_not_reported_lost
     assert not finishing.cancelled
     assert superseded.cancelled_by == LEASE_LOST
     assert [record.getMessage() for record in caplog.records] == [f"run {taken} attempt 1 lost its lease; stopping it"]
+
+
+def test_a_lease_is_known_held_without_a_query_only_while_lately_granted(sessions: sessionmaker[Session]) -> None:
+    """`holds` answers from what the keeper saw: true from the lease's taking (or a renewal) for two thirds of a lease,
+    then false until the next renewal; false when the taking's time is unknown, a renewal found it lost, or the block
+    was left. A status edit skips its ownership query only while it is true."""
+    run_id, other = admitted_run(sessions, mode="chat", thread="1.0"), admitted_run(sessions, mode="chat", thread="2.0")
+    with sessions.begin() as session:
+        session.execute(update(Run).where(Run.id == run_id).values(state="running", attempt=1, lease_owner="worker-a"))
+        session.execute(update(Run).where(Run.id == other).values(state="running", attempt=2, lease_owner="worker-b"))
+    now = [100.0]
+    keeper = LeaseKeeper(sessions, 30.0, interval=3600, clock=lambda: now[0])
+    mine, lost, unknown = HeldLease(run_id, 1, "worker-a"), HeldLease(other, 1, "worker-a"), HeldLease(other, 3, "x")
+
+    async def hold() -> list[bool]:
+        seen = []
+        with keeper.keeping(mine, CancelToken(), taken_at=now[0] - 1), keeper.keeping(lost, CancelToken(), taken_at=now[0]), \
+                keeper.keeping(unknown, CancelToken()):
+            seen += [keeper.holds(mine), keeper.holds(lost), keeper.holds(unknown)]
+            now[0] += 19.5  # 20.5 s since the taking: two thirds of 30 s passed
+            seen.append(keeper.holds(mine))
+            await asyncio.to_thread(keeper.renew)  # granted again now (the other one is found lost)
+            seen += [keeper.holds(mine), keeper.holds(lost)]
+        seen.append(keeper.holds(mine))
+        return seen
+
+    assert asyncio.run(hold()) == [True, True, False, False, True, False, False]
+    keeper.stop()

@@ -164,3 +164,33 @@ def test_a_stopped_loop_refuses_new_runs_without_leaving_them_unawaited() -> Non
 async def stop_task(task: asyncio.Task[None]) -> None:
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
+
+
+def test_a_loop_held_up_reads_as_overloaded_until_it_keeps_up_again(run_loop: RunLoop) -> None:
+    # What sheds a worker's optional work (ordinary status edits, frequent event writes) under a burst of runs.
+    held = threading.Event()
+
+    async def hold_up() -> None:
+        held.wait(30)  # blocks the loop's thread: nothing due runs on time
+
+    assert not run_loop.overloaded()
+    run_loop.call(hold_up())
+    try:
+        # The probe can only measure once the loop runs again: release it after its due time has long passed.
+        deadline = threading.Event()
+        deadline.wait(0.6)
+    finally:
+        held.set()
+    assert wait_for(run_loop.overloaded), "a loop held up for 0.6 s reads as overloaded"
+    assert run_loop.lag >= 0.25
+    assert wait_for(lambda: not run_loop.overloaded()), "a loop that keeps up again does not"
+
+
+def wait_for(condition, timeout: float = 10.0) -> bool:
+    """Whether `condition()` comes true within `timeout` seconds (checked every hundredth of a second)."""
+    ended = threading.Event()
+    for _ in range(int(timeout * 100)):
+        if condition():
+            return True
+        ended.wait(0.01)
+    return condition()

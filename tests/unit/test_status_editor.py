@@ -429,3 +429,40 @@ async def test_in_memory_bucket_keeps_a_reserve_for_priority_edits(clock: Virtua
     assert await bucket.take("T2") is True
     await clock.advance(15.0)
     assert await bucket.take("T1", priority=True) is True
+
+
+async def test_while_the_process_is_overloaded_counts_wait_and_phase_changes_come_at_most_every_three_seconds(
+        clock: VirtualClock) -> None:
+    busy = [False]
+    sender = RecordingSender(clock)
+    editor = StatusEditor(sender, bucket=ample_bucket(clock), workspace="T1", clock=clock, sleep=clock.sleep,
+                          busy=lambda: busy[0])
+    first = started()
+    counted = with_count(first, 1)
+    phase_change = next_phase(counted, "search")
+    next_change = next_phase(phase_change, "fetch")
+    later = with_count(next_change, 3)
+
+    await editor.update(first)
+    await clock.advance(1.0)
+    busy[0] = True
+    await editor.update(counted)  # t=1: a count moving is skipped, and the next edit waits three seconds
+    await clock.advance(1.0)
+    await editor.update(phase_change)
+    await clock.advance(1.0)
+    assert sender.shown == [first], "nothing more before t=4"
+    await clock.advance(1.0)
+    assert sender.shown == [first, phase_change] and sender.times[-1] == 4.0, "a phase change is shown at its turn"
+    await editor.update(next_change)
+    await clock.advance(2.0)
+    assert sender.shown == [first, phase_change], "the next one waits three seconds too"
+    await clock.advance(1.0)
+    assert sender.shown == [first, phase_change, next_change] and sender.times[-1] == 7.0
+    busy[0] = False
+    await editor.update(later)  # the load has passed: a second apart again, counts included
+    await clock.advance(3.0)
+    assert sender.shown == [first, phase_change, next_change, later] and sender.times[-1] == 10.0
+    closing = asyncio.create_task(editor.close(finished(later)))
+    await clock.advance(1.0)
+    await closing
+    assert sender.shown[-1].state == "done" and sender.times[-1] == 11.0
