@@ -236,7 +236,6 @@ def mark_failed(sessions: Sessions, run_id: int, attempt: int, reason: str) -> N
             run.lease_owner, run.lease_until = None, None
 
 
-astart_attempt = off_loop(start_attempt)
 arun_inputs = off_loop(run_inputs)
 afinish_attempt = off_loop(finish_attempt)
 amark_failed = off_loop(mark_failed)

@@ -16,7 +16,6 @@ import asyncio
 import concurrent.futures
 import functools
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -29,7 +28,7 @@ from research.events import Error
 from research.llm import OnText
 from research.report import Report, audit_line
 from research.thread_context import THREAD_SHARE_OF_WINDOW, fit_thread_context
-from storage.attempts import afinish_attempt, amark_failed, arun_inputs, astart_attempt
+from storage.attempts import afinish_attempt, amark_failed, arun_inputs
 from storage.db import is_transient_database_error
 from storage.leases import HeldLease
 from storage.models import utcnow
@@ -51,7 +50,7 @@ from worker.runner import (
     outcome_of,
     passages_and_sources,
     without_current_question,
-    as_started,
+    astart_attempt,
     options_for_run,
 )
 
@@ -96,8 +95,7 @@ class RunAttempt:
         """Take run `run_id`'s lease as a new attempt, off the loop (a worker's Celery thread calls `start_attempt`
         itself); None when the run has ended or another attempt holds it. Raises LookupError for no such run."""
         owner = owner or worker_identity()
-        asked_at = time.monotonic()
-        started = as_started(await astart_attempt(services.sessions, run_id, owner, services.lease_seconds), asked_at)
+        started = await astart_attempt(services.sessions, run_id, owner, services.lease_seconds)
         return None if started is None else cls(started, services, owner=owner, delivery=delivery)
 
     async def execute(self, *, on_state: OnState | None = None, cancel: CancelToken | None = None,
@@ -293,22 +291,18 @@ class RunAttempt:
         Redis); `close` closes the attempt's own clients once the engine is done.
         """
         delivery = self.delivery
-        finished = False
         # The status message leaves "queued" from the delivery loop as soon as this thread holds the run. Sent from
         # the engine's side, it waited for the runs loop's turn first: seconds when a thousand runs share that loop.
         first_edit = (loops.delivery.call(delivery.on_state(self.started.first_progress()))
                       if delivery is not None else None)
         try:
-            final = loops.runs.run(self._engine_in_worker(loops, cancels, answer_draft, close, first_edit))
-            if final is not None and delivery is not None:
-                set_run_phase("deliver")
-                # Started on the delivery loop as soon as the outcome was stored (`_engine_in_worker`).
-                (self._finishing or loops.delivery.call(delivery.finish(final, report=self.report))).result()
-                finished = True
+            loops.runs.run(self._engine_in_worker(loops, cancels, answer_draft, close, first_edit))
         finally:
-            if delivery is not None and not finished and self._finishing is not None:
-                self._finishing.result()  # the delivery had begun: it ends on its own (it never raises)
-            elif delivery is not None and not finished:  # a stale attempt, or one that broke
+            if self._finishing is not None:
+                # The delivery began on its loop as soon as the outcome was stored (`_engine_in_worker`); it never raises.
+                set_run_phase("deliver")
+                self._finishing.result()
+            elif delivery is not None:  # a stale attempt, or one that broke
                 if first_edit is not None:  # the first edit, never awaited if the engine broke first, settles first
                     concurrent.futures.wait([first_edit])
                 loops.delivery.call(delivery.abandon()).result()

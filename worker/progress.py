@@ -181,7 +181,8 @@ class StatusEditor:
 
     async def _send_if_budget_allows(self, progress: RunProgress) -> None:
         priority = self._is_phase_change(progress)
-        if not priority and self._busy():
+        busy = self._busy()
+        if not priority and busy:
             # Shed while the process is overloaded: a count moving is the edit least missed, and every run's phase
             # changes, first and final states, and reports go out sooner without it. The latest state waits its turn.
             granted = False
@@ -192,7 +193,7 @@ class StatusEditor:
                 logger.warning("edit budget unavailable; status edit skipped", exc_info=True)
                 granted = False
         # Under load, a message is edited less often: fewer edits, each showing the latest state, phase changes too.
-        interval = max(self._min_interval, OVERLOADED_MIN_INTERVAL_SECONDS) if self._busy() else self._min_interval
+        interval = max(self._min_interval, OVERLOADED_MIN_INTERVAL_SECONDS) if busy else self._min_interval
         self._next_edit_at = self._clock() + interval
         if not granted:
             self._count_edit(StatusEdit.SKIPPED)

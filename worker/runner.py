@@ -34,7 +34,7 @@ from storage.attempts import (
 )
 from storage.attempts import start_attempt as take_attempt
 from storage.conversations import SharedFile
-from storage.db import Sessions
+from storage.db import Sessions, off_loop
 from storage.models import Message, Run
 from storage.vocabulary import RunOptions, RunState
 from chat.state import RunProgress, apply_event
@@ -257,8 +257,11 @@ def start_attempt(sessions: Sessions, run_id: int, owner: str, lease_seconds: fl
     Returns None when the run has ended or another attempt holds a live lease. Raises LookupError
     when the run does not exist.
     """
-    asked_at = time.monotonic()
+    asked_at = time.monotonic()  # before the statement: the lease lasts at least its length from here
     return as_started(take_attempt(sessions, run_id, owner, lease_seconds), asked_at)
+
+
+astart_attempt = off_loop(start_attempt)
 
 
 def findings_of(state: engine.ResearchState) -> Findings:
