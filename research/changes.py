@@ -260,6 +260,8 @@ _MARKUP = re.compile(r"[\[\]()<>{}【】*_`~|\\]")
 # An HTML entity (`&#91;`) reads as the character it names: its `&` is dropped so that it reads as written.
 _ENTITY_START = re.compile(r"&(?=#?\w+;)")
 _PASSAGE_ID = re.compile(r"p\d{1,6}")
+# A list item's marker at the start of a quoted sentence: a bullet or a number, then a space (so "-3%" keeps its sign).
+_LIST_MARKER = re.compile(r"^(?:[-*+•]|\d{1,3}[.)])\s+")
 
 
 def changes_markdown(changes: Sequence[Change], *, since: dt.datetime) -> str:
@@ -282,7 +284,7 @@ def _item(change: Change) -> str:
         case "figure":
             before = plain_text(change.before or "", TITLE_MAX_CHARS)
             after = plain_text(change.after or "", TITLE_MAX_CHARS)
-            context = plain_text(change.context or "", CONTEXT_MAX_CHARS).lstrip("-•+ ")  # a list item's marker
+            context = _LIST_MARKER.sub("", plain_text(change.context or "", CONTEXT_MAX_CHARS), count=1)
             quoted = f' ("{context}")' if context else ""
             return f"- {title}: {before} → {after}{quoted}{cite}"
         case "changed":

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from storage.db import Sessions, changed_rows, database_now, hold_write_lock, off_loop
 from storage.models import Conversation, Run
-from storage.vocabulary import ACTIVE_STATES, TERMINAL_STATES, RunMode
+from storage.vocabulary import ACTIVE_STATES, PENDING_THREAD_PREFIX, TERMINAL_STATES, RunMode
 
 ADMITTED = "admitted"
 RESUBMITTED = "resubmitted"
@@ -165,8 +165,10 @@ def claim_undelivered(sessions: Sessions, platforms: Collection[str], lease_seco
             select(Run).join(Conversation)
             .where(Run.state.in_(TERMINAL_STATES), Run.delivered_at.is_(None),
                    Run.delivery_given_up_at.is_(None),
-                   # A watch's run has no status message until its thread is opened (or ever, in its one thread).
-                   or_(Run.status_message.is_not(None), Run.watch_id.is_not(None)),
+                   # A watch's run has no status message until its thread is opened (or ever, in its one thread),
+                   # and loses its watch_id if the watch is deleted before that thread was opened.
+                   or_(Run.status_message.is_not(None), Run.watch_id.is_not(None),
+                       Conversation.thread.like(f"{PENDING_THREAD_PREFIX}%")),
                    Conversation.platform.in_(list(platforms)),
                    or_(Run.delivery_retry_at <= now,
                        and_(Run.delivery_retry_at.is_(None),

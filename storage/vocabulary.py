@@ -99,6 +99,8 @@ CADENCE_DAYS: dict[Cadence, int] = {"daily": 1, "weekly": 7, "monthly": 28}  # t
 WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 
 
+PENDING_THREAD_PREFIX = "watch-pending:"  # a watch's fired run's conversation before its thread is opened
+
 SkipKind = Literal["runs_per_user", "cost_per_workspace", "workspace_queue", "owner_queue", "thread_busy"]
 
 

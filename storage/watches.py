@@ -32,6 +32,7 @@ from storage.models import Conversation, ConversationFile, Message, Run, Watch, 
 from storage.quotas import DailyQuotas, quota_reached
 from storage.vocabulary import (
     CADENCE_DAYS,
+    PENDING_THREAD_PREFIX,
     WATCH_ACTIVE,
     WATCH_PAUSED,
     WATCH_STOPPED,
@@ -42,7 +43,6 @@ from storage.vocabulary import (
     WatchState,
 )
 
-PENDING_THREAD_PREFIX = "watch-pending:"  # a fired run's conversation before its thread is opened
 WatchAction = Literal["pause", "resume", "delete"]
 FireOutcome = Literal["fired", "skipped"]
 

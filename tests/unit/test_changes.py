@@ -267,3 +267,15 @@ def test_a_file_read_from_the_disk_is_matched_by_its_name_across_runs() -> None:
 
     assert (change.kind, change.title, change.before, change.after) == ("figure", "notes.md", "41", "47")
     assert source_key("https://a.example/x", "x.pdf") == "https://a.example/x" and source_key("", None) == ""
+
+
+def test_a_quoted_sentence_loses_its_list_marker_but_never_a_figure_s_sign() -> None:
+    def quoted(context: str) -> str:
+        change = Change(kind="figure", url=PRICING, title="Pricing", passage_id="p7", before="2%", after="3%",
+                        context=context)
+        return changes_markdown([change], since=SINCE).splitlines()[-1]
+
+    assert quoted("- Growth was 3% this year.") == '- Pricing: 2% → 3% ("Growth was 3% this year.") [p7]'
+    assert quoted("2. Growth was 3% this year.") == '- Pricing: 2% → 3% ("Growth was 3% this year.") [p7]'
+    assert quoted("-3% was the change in margin.") == '- Pricing: 2% → 3% ("-3% was the change in margin.") [p7]'
+    assert quoted("+12% more visitors came.") == '- Pricing: 2% → 3% ("+12% more visitors came.") [p7]'

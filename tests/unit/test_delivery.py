@@ -343,3 +343,20 @@ def test_a_notice_already_in_the_thread_is_not_posted_again_when_the_status_edit
     notices = [content.text for _, content, _ in messenger.posts if "could not be posted" in content.text]
     assert len(notices) == 1
     assert not any("could not be posted" in content.text for _, content in messenger.edits), "no report edited into it"
+
+
+def test_a_watch_s_run_whose_thread_was_never_opened_is_retried_by_the_sweep_even_with_its_watch_deleted(
+        session_factory) -> None:
+    # A watch deleted after firing sets the run's watch_id to NULL; the run still has no status message and only its
+    # placeholder thread, and its first delivery had failed: the sweep must still take it up.
+    clock = WallClock()
+    with session_factory.begin() as session:
+        conversation = Conversation(platform="slack", workspace="T1", channel="C1", thread="watch-pending:abc",
+                                    created_by="slack:U0ALICE01")
+        run = Run(conversation=conversation, workspace="T1", mode="research", question="q",
+                  requested_by="slack:U0ALICE01", state="done", attempt=1, watch_id=None,
+                  finished_at=clock() - dt.timedelta(hours=1), delivery_retry_at=clock() - dt.timedelta(seconds=1))
+        session.add(run)
+        session.flush()
+        run_id = run.id
+    assert claim_undelivered(session_factory, ["slack"], 30, now=clock()) == [run_id]
