@@ -20,6 +20,11 @@ Convert = Callable[[str], str]
 Measure = Callable[[str], int]
 
 
+def platform_user(user: str) -> str:
+    """`slack:U123` → `U123`: a person's id as their platform knows it (stored ids are qualified by the platform)."""
+    return user.split(":", 1)[-1]
+
+
 def single_line(text: str) -> str:
     """`text` with every run of whitespace (newlines included) collapsed to one space."""
     return " ".join(text.split())

@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 
 from chat.message import DirectMessaging, Messenger
 from chat.state import RunProgress
-from chat.text import shortened, single_line
+from chat.text import platform_user, shortened, single_line
 from research.report import Report, WatchComparison
 from storage.vocabulary import SkipReason, WatchSchedule, WatchState, zone_of
 
@@ -142,7 +142,7 @@ async def tell_owner_stopped(messenger: Messenger, renderer: PlatformRenderer, w
     it went out (a refusal is logged, never raised)."""
     if not isinstance(messenger, DirectMessaging):
         return False
-    owner = watch.created_by.split(":", 1)[-1]
+    owner = platform_user(watch.created_by)
     try:
         await messenger.direct(watch.workspace, owner, renderer.notice(stopped_line(watch.question,
                                                                                   watch.stopped_reason or "")))

@@ -28,6 +28,7 @@ from research.report import Report
 from storage.admission import waiting
 from storage.conversations import PRIVATE, hold_lock_of
 from storage.db import Sessions, changed_rows, database_now, hold_write_lock, off_loop
+from storage.deliveries import WITHOUT_REPORT
 from storage.models import Conversation, ConversationFile, Message, Run, Watch, WorkspaceSetting
 from storage.quotas import DailyQuotas, quota_reached
 from storage.vocabulary import (
@@ -115,12 +116,24 @@ def _check_limits(session: Session, limits: WatchLimits, *, platform: str, works
     if CADENCE_DAYS[schedule.cadence] < CADENCE_DAYS[limits.min_interval]:
         raise WatchRefused(f"Watches here repeat at most {limits.min_interval}: choose {limits.min_interval} or "
                            "less often.")
-    if limits.max_active:
-        hold_lock_of(session, f"watches:{platform}:{workspace}")  # two people at the cap at once: one gets it
+    if limits.max_active:  # the caller holds the workspace's watches lock (`_refuse_twin`): two at the cap, one gets it
         active = _active_in(session, workspace, platform)
         if active >= limits.max_active:
             raise WatchRefused(f"This workspace already has {active} active watches, the most it may have. Pause or "
                                "delete one (`/watches`) first.")
+
+
+def _refuse_twin(session: Session, *, platform: str, workspace: str, channel: str, question: str,
+                 but: int | None = None) -> None:
+    """Raise WatchRefused when another watch (not `but`) of `question` in `channel` is not stopped; first takes the
+    workspace's watches lock, held to the commit, so two makes or resumes at once (a double click) let one through."""
+    hold_lock_of(session, f"watches:{platform}:{workspace}")
+    query = select(Watch).where(Watch.platform == platform, Watch.channel == channel, Watch.question == question,
+                                Watch.state != WATCH_STOPPED)
+    twin = session.scalar(query if but is None else query.where(Watch.id != but))
+    if twin is not None:
+        raise WatchRefused(f"This question is already watched here by watch #{twin.id} "
+                           f"({twin.schedule.describe()}); see `/watches`.")
 
 
 def create_watch(sessions: Sessions, *, run_id: int, by: str, schedule: WatchSchedule, one_thread: bool,
@@ -139,14 +152,8 @@ def create_watch(sessions: Sessions, *, run_id: int, by: str, schedule: WatchSch
         conversation = run.conversation
         if conversation.thread.startswith(PENDING_THREAD_PREFIX):
             raise WatchRefused("That report has no thread to watch from.")
-        # Two clicks at once (a double click): one makes the watch, the other finds it.
-        hold_lock_of(session, f"watches:{conversation.platform}:{conversation.workspace}")
-        existing = session.scalar(select(Watch).where(
-            Watch.platform == conversation.platform, Watch.channel == conversation.channel,
-            Watch.question == run.question, Watch.state != WATCH_STOPPED))
-        if existing is not None:
-            raise WatchRefused(f"This question is already watched here ({existing.schedule.describe()}); see "
-                               "`/watches`.")
+        _refuse_twin(session, platform=conversation.platform, workspace=conversation.workspace,
+                     channel=conversation.channel, question=run.question)
         _check_limits(session, limits, platform=conversation.platform, workspace=conversation.workspace,
                       schedule=schedule)
         moment = _now(session, now)
@@ -207,13 +214,10 @@ def change_watch(sessions: Sessions, watch_id: int, action: WatchAction, *, by: 
         if action == "pause":
             watch.state = WATCH_PAUSED
         elif watch.state != WATCH_ACTIVE:
+            _refuse_twin(session, platform=watch.platform, workspace=watch.workspace, channel=watch.channel,
+                         question=watch.question, but=watch.id)
             _check_limits(session, limits, platform=watch.platform, workspace=watch.workspace,
                           schedule=watch.schedule)
-            twin = session.scalar(select(Watch.id).where(
-                Watch.id != watch.id, Watch.platform == watch.platform, Watch.channel == watch.channel,
-                Watch.question == watch.question, Watch.state != WATCH_STOPPED))
-            if twin is not None:
-                raise WatchRefused(f"Watch #{twin} already watches this question here.")
             watch.state, watch.stopped_reason = WATCH_ACTIVE, None
             watch.next_due_at = watch.schedule.next_after(_now(session, now))
         watch.claimed_by = watch.claimed_until = None
@@ -376,16 +380,16 @@ def previous_run(sessions: Sessions, run_id: int) -> PreviousRun | None:
     """What run `run_id` of a watch is compared with — the newest earlier run of the watch that finished with a
     report, else the run the watch was made from — and the thread where the watch last spoke (its quiet line goes
     there); None when run `run_id` is not a watch's or nothing is left to compare with."""
-    with sessions() as session:
-        run = session.get(Run, run_id)
+    with sessions() as session:  # asked by a watch's run and again by its delivery: no report read here
+        run = session.get(Run, run_id, options=WITHOUT_REPORT)
         if run is None or run.watch_id is None:
             return None
         watch = session.get(Watch, run.watch_id)
         compared = session.scalar(select(Run).where(
             Run.watch_id == run.watch_id, Run.id < run_id, Run.state == "done", Run.report_json.is_not(None))
-            .order_by(Run.id.desc()).limit(1))
+            .options(*WITHOUT_REPORT).order_by(Run.id.desc()).limit(1))
         if compared is None and watch is not None and watch.origin_run_id is not None:
-            compared = session.get(Run, watch.origin_run_id)
+            compared = session.get(Run, watch.origin_run_id, options=WITHOUT_REPORT)
         if compared is None:
             return None
         made_in = watch.thread if watch is not None else compared.conversation.thread

@@ -27,6 +27,7 @@ from config import setting_default
 from chat.message import AnswerStreaming, Messenger, MessageRef, MessengerError, Place
 from chat.platform import Outbound
 from chat.render import PlatformRenderer
+from chat.text import platform_user
 from chat.state import RunProgress, progress_of_stored_run
 from chat.tasks import TaskStreaming
 from research.report import Report, audit_line
@@ -119,11 +120,6 @@ def unpostable_notice(run_id: int, reason: str, *, tries: int | None = None) -> 
             f"or `deepthread export {run_id}`.")
 
 
-def platform_user(user: str) -> str:
-    """`slack:U123` → `U123`: the id as the platform knows it."""
-    return user.split(":", 1)[1] if ":" in user else user
-
-
 @dataclass(frozen=True)
 class DeliveryTarget:
     """Where a run speaks: its thread, its status message, and whom its report mentions."""
@@ -133,8 +129,9 @@ class DeliveryTarget:
     status_ref: MessageRef | None
     requester: str
     mode: str = ""
-    watch_id: int | None = None  # the watch that fired the run; its thread may not be opened yet (place.thread None)
-    pending: bool = False  # a watch's run whose thread is not opened yet (its watch may be deleted since)
+    # The watch that fired the run (None too once the watch is deleted); a watch's run whose thread is not opened yet
+    # has place.thread None.
+    watch_id: int | None = None
     progress_recorded: bool = False  # an attempt had opened a streamed progress message when the target was read
 
     @classmethod
@@ -150,7 +147,6 @@ class DeliveryTarget:
                                channel=conversation.channel, thread=thread),
                    status_ref=MessageRef.model_validate(run.status_message) if run.status_message else None,
                    requester=platform_user(run.requested_by), mode=run.mode, watch_id=run.watch_id,
-                   pending=thread is None and is_pending(conversation.thread),
                    progress_recorded=progress_message(list(run.delivered_messages or [])) is not None)
 
 
@@ -165,7 +161,7 @@ class RunDelivery:
         self.run_id = target.run_id
         self.place = target.place
         self.watch_id = target.watch_id
-        self._watch_run = target.watch_id is not None or target.pending
+        self._watch_run = target.watch_id is not None or target.place.thread is None
         self.status_ref = target.status_ref
         self.requester = target.requester
         self.messenger = messenger

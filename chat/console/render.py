@@ -19,7 +19,7 @@ from chat.render import ReportDelivery, with_person
 from chat.watches import WatchListing, WatchSummary
 from chat.state import RunProgress
 from chat.status import counts_line, format_elapsed
-from chat.text import shortened, single_line
+from chat.text import platform_user, shortened, single_line
 from research.markdown import NEUTRAL_MARKUP
 from research.report import Report, only_source_links, render_markdown
 from storage.vocabulary import ACTIVE_STATES, zone_of
@@ -80,7 +80,7 @@ def _footer(progress: RunProgress, you: str | None) -> str:
     if state in ("failed", "timed_out") and progress.error:
         footer += f": {escape(progress.error)}"
     if state == "cancelled" and progress.cancelled_by:
-        footer += " by you" if progress.cancelled_by == you else f" by {escape(_bare_user(progress.cancelled_by))}"
+        footer += " by you" if progress.cancelled_by == you else f" by {escape(platform_user(progress.cancelled_by))}"
     # A stopped or timed-out run is partial by nature ("Stopped by you" says it once); a failed one kept what it found.
     if progress.partial and progress.partial_reason and state == "failed":
         footer += f" (partial: {escape(progress.partial_reason)})"
@@ -118,7 +118,7 @@ class ConsoleRenderer:
     def reply(self, text: str, *, person: str | None = None) -> Content:
         """A core reply with its `**bold**` and `code` drawn by rich; the person named by their id."""
         markup = with_person(text, person, _rich_markup, _bare_user_markup)
-        return Content(text=with_person(text, person, _without_markers, _bare_user),
+        return Content(text=with_person(text, person, _without_markers, platform_user),
                        extra={"rich": Text.from_markup(markup)})
 
     def history(self, history: RunHistory) -> Content:
@@ -162,12 +162,8 @@ def _rich_markup(text: str) -> str:
     return "".join(f"[{style}]{escape(piece)}[/]" if style else escape(piece) for piece, style in _neutral_pieces(text))
 
 
-def _bare_user(user: str) -> str:
-    return user.split(":", 1)[-1]
-
-
 def _bare_user_markup(user: str) -> str:
-    return escape(_bare_user(user))
+    return escape(platform_user(user))
 
 
 NO_RUNS_HERE = "No runs yet in this terminal: ask a question to start one."
