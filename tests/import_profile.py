@@ -59,16 +59,23 @@ class ImportProfile(BaseModel):
 
 
 def parse_importtime(stderr: str) -> tuple[list[ImportedModule], str]:
-    """The modules in `-X importtime` output, and the rest of stderr (what the program itself wrote)."""
+    """The modules in `-X importtime` output, and the rest of stderr (what the program itself wrote).
+
+    Raises ValueError when the output holds more than one process's imports (each process writes its own header
+    line first): their lines interleave, and no figure read from them would be one process's."""
     modules: list[ImportedModule] = []
     other_lines: list[str] = []
+    headers = 0
     for line in stderr.splitlines():
         if not line.startswith(IMPORTTIME_PREFIX):
             other_lines.append(line)
             continue
         self_column, cumulative_column, name_column = line[len(IMPORTTIME_PREFIX):].split("|", 2)
         if not self_column.strip().isdigit():
-            continue  # the header line
+            headers += 1
+            if headers > 1:
+                raise ValueError("the -X importtime output holds a second process's imports")
+            continue
         # CPython indents the name by one space, plus two a level of nesting.
         indent = len(name_column) - len(name_column.lstrip(" "))
         modules.append(ImportedModule(name=name_column.strip(), self_microseconds=int(self_column),
@@ -76,11 +83,18 @@ def parse_importtime(stderr: str) -> tuple[list[ImportedModule], str]:
     return modules, "\n".join(other_lines)
 
 
+# `python -m bot.cli`, except that the processes it starts are not profiled: multiprocessing hands its helper
+# processes (the CPU pool's resource tracker and workers) the interpreter's `-X` options, read from `sys._xoptions`,
+# so each would write its whole start, its own interpreter's included, into the same stderr.
+RUN_CLI_ALONE = ("import runpy, sys; sys._xoptions.pop('importtime', None); "
+                 "runpy.run_module('bot.cli', run_name='__main__', alter_sys=True)")
+
+
 def profile_command(arguments: list[str], *, cwd: Path, environment: dict[str, str] | None = None) -> ImportProfile:
-    """Run `python -X importtime -m bot.cli <arguments>` in `cwd` and profile what it imported."""
+    """Run `python -X importtime -m bot.cli <arguments>` in `cwd` and profile what that process imported."""
     environment = dict(os.environ if environment is None else environment)
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), environment.get("PYTHONPATH")]))
-    completed = subprocess.run([sys.executable, "-X", "importtime", "-m", "bot.cli", *arguments], cwd=cwd,
+    completed = subprocess.run([sys.executable, "-X", "importtime", "-c", RUN_CLI_ALONE, *arguments], cwd=cwd,
                                env=environment, capture_output=True, text=True, timeout=60)
     modules, stderr = parse_importtime(completed.stderr)
     return ImportProfile(returncode=completed.returncode, stdout=completed.stdout, stderr=stderr, modules=modules)
