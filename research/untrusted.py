@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 from collections.abc import Iterable, Mapping
 
+import functools
 import html
 import re
 import string
@@ -119,14 +120,22 @@ _ORDER_NOUNS = _words("instruction instructions prompt prompts directive directi
 
 
 class _OrderPattern(NamedTuple):
-    """A pattern of words addressed to an AI, tried only on a text that has a word of each of its `needs` sets."""
+    """A pattern of words addressed to an AI, tried only on a text that has a word of each of its `needs` sets (and
+    compiled the first time one has: most runs read no text that needs most of them)."""
 
     needs: tuple[frozenset[str], ...]
-    pattern: re.Pattern[str]
+    source: str
+
+    @property
+    def pattern(self) -> re.Pattern[str]:
+        return _compiled(self.source)
+
+
+_compiled = functools.cache(re.compile)
 
 
 def _order(needs: tuple[frozenset[str], ...], pattern: str) -> _OrderPattern:
-    return _OrderPattern(needs, re.compile(pattern))
+    return _OrderPattern(needs, pattern)
 
 
 _ORDER_PATTERNS = (
