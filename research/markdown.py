@@ -1,6 +1,6 @@
 """Markdown read the CommonMark way, by one parser that the audit, the exports and every renderer share.
 
-`MARKDOWN` is markdown-it-py's CommonMark with GitHub's tables and strikethrough. Raw HTML is text, and a line
+`PARSERS.markdown` is markdown-it-py's CommonMark with GitHub's tables and strikethrough. Raw HTML is text, and a line
 indented by four spaces is not code (only fences are): a model's indented line is prose, as Slack and Discord show it.
 `read` parses a text once into a `Document`: markdown-it-py's tokens (`type`, `tag`, `map` = the source lines of a
 block, `children` of an `inline` token, `attrs["href"]` of a link) and where in the source each block's text, link
@@ -13,17 +13,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from markdown_it import MarkdownIt
-from markdown_it.rules_inline import StateInline
-from markdown_it.rules_inline import autolink as autolink_rule
-from markdown_it.rules_inline import backtick as backtick_rule
-from markdown_it.rules_inline import image as image_rule
-from markdown_it.rules_inline import link as link_rule
-from markdown_it.token import Token
+if TYPE_CHECKING:
+    from markdown_it import MarkdownIt
+    from markdown_it.rules_inline import StateInline
+    from markdown_it.token import Token
 
-InlineRule = Callable[[StateInline, bool], bool]
+    InlineRule = Callable[[StateInline, bool], bool]
 LinkKind = Literal["link", "image", "autolink"]
 
 # Where a link, image, autolink or code span is written in its block's inline text, as the parser read it.
@@ -51,34 +48,61 @@ def _noting_spans(rule: InlineRule, token_type: str, label_offset: int | None) -
     return noting
 
 
-class _EveryLink(MarkdownIt):
-    """Reads a link whatever it points to (markdown-it-py leaves `javascript:` and the like as text)."""
+def _commonmark(*, every_link: bool = False, as_html_readers: bool = False) -> MarkdownIt:
+    from markdown_it import MarkdownIt
+    from markdown_it.rules_inline import autolink, backtick, image, link
 
-    def validateLink(self, url: str) -> bool:
-        return True
-
-
-def _commonmark(parser_class: type[MarkdownIt] = MarkdownIt, *, as_html_readers: bool = False) -> MarkdownIt:
-    parser = parser_class("commonmark", {"html": as_html_readers, "xhtmlOut": False})
+    parser = MarkdownIt("commonmark", {"html": as_html_readers, "xhtmlOut": False})
+    if every_link:  # a link whatever it points to (markdown-it-py leaves `javascript:` and the like as text)
+        parser.validateLink = _any_link  # type: ignore[method-assign]
     parser.enable(["table", "strikethrough"])
     if not as_html_readers:
         parser.disable("code")
-    parser.inline.ruler.at("link", _noting_spans(link_rule, "link_open", 0))
-    parser.inline.ruler.at("image", _noting_spans(image_rule, "image", 1))
-    parser.inline.ruler.at("autolink", _noting_spans(autolink_rule, "link_open", None))
-    parser.inline.ruler.at("backticks", _noting_spans(backtick_rule, "code_inline", None))
+    parser.inline.ruler.at("link", _noting_spans(link, "link_open", 0))
+    parser.inline.ruler.at("image", _noting_spans(image, "image", 1))
+    parser.inline.ruler.at("autolink", _noting_spans(autolink, "link_open", None))
+    parser.inline.ruler.at("backticks", _noting_spans(backtick, "code_inline", None))
     return parser
 
 
-MARKDOWN = _commonmark()
-# The same, for what must find every link another Markdown reader (Slack's, Discord's) might follow.
-EVERY_LINK = _commonmark(_EveryLink)
-# Every link as a reader that reads raw HTML and indented code reads it (rich in the terminal, most viewers of a .md
-# file): an HTML tag can hide a `]` from the label it ends, and an indented line can end a code span early.
-EVERY_LINK_AS_HTML_READERS = _commonmark(_EveryLink, as_html_readers=True)
-LINK_READERS = (EVERY_LINK, EVERY_LINK_AS_HTML_READERS)
-# The conversation core's neutral markup (chat.render): `**bold**` and `code`; a lone `*` or `_` stays as typed.
-NEUTRAL_MARKUP = MarkdownIt("zero").enable(["backticks", "emphasis"])
+def _any_link(url: str) -> bool:
+    return True
+
+
+class Parsers:
+    """The parsers deepthread reads Markdown with, each built (and markdown-it-py imported) when first asked for: a
+    run's first step reads none, so a run's engine preloads markdown-it-py beside its first model call."""
+
+    @cached_property
+    def markdown(self) -> MarkdownIt:
+        return _commonmark()
+
+    @cached_property
+    def every_link(self) -> MarkdownIt:
+        """The same, for what must find every link another Markdown reader (Slack's, Discord's) might follow."""
+        return _commonmark(every_link=True)
+
+    @cached_property
+    def every_link_as_html_readers(self) -> MarkdownIt:
+        """Every link as a reader that reads raw HTML and indented code reads it (rich in the terminal, most viewers
+        of a .md file): an HTML tag can hide a `]` from the label it ends, and an indented line can end a code span
+        early."""
+        return _commonmark(every_link=True, as_html_readers=True)
+
+    @property
+    def link_readers(self) -> tuple[MarkdownIt, MarkdownIt]:
+        return self.every_link, self.every_link_as_html_readers
+
+    @cached_property
+    def neutral_markup(self) -> MarkdownIt:
+        """The conversation core's neutral markup (chat.render): `**bold**` and `code`; a lone `*` or `_` stays as
+        typed."""
+        from markdown_it import MarkdownIt
+
+        return MarkdownIt("zero").enable(["backticks", "emphasis"])
+
+
+PARSERS = Parsers()
 
 
 def normalised(markdown: str) -> str:
@@ -90,9 +114,10 @@ class Document:
     """A Markdown text parsed once: its `source` (normalised), `lines`, markdown-it-py's block `tokens`, and the
     link reference definitions it holds (`env["references"]`)."""
 
-    def __init__(self, markdown: str, *, inline: bool = False, parser: MarkdownIt = MARKDOWN) -> None:
+    def __init__(self, markdown: str, *, inline: bool = False, parser: MarkdownIt | None = None) -> None:
         self.source = normalised(markdown)
         self.env: dict[str, Any] = {}
+        parser = PARSERS.markdown if parser is None else parser
         self.tokens: list[Token] = (parser.parseInline if inline else parser.parse)(self.source, self.env)
         self.lines = self.source.split("\n")
         self.line_starts: list[int] = []
@@ -200,12 +225,12 @@ class Document:
         return offsets, column + len(escaped)
 
 
-def read(markdown: str, parser: MarkdownIt = MARKDOWN) -> Document:
-    """`markdown` parsed once, as blocks (by `EVERY_LINK` to find links to anywhere)."""
+def read(markdown: str, parser: MarkdownIt | None = None) -> Document:
+    """`markdown` parsed once, as blocks (by `PARSERS.every_link` to find links to anywhere)."""
     return Document(markdown, parser=parser)
 
 
-def read_inline(text: str, parser: MarkdownIt = MARKDOWN) -> Document:
+def read_inline(text: str, parser: MarkdownIt | None = None) -> Document:
     """`text` parsed once as one run of inline text (no blocks: a `#` or `-` at its start is text)."""
     return Document(text, inline=True, parser=parser)
 

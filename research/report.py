@@ -12,17 +12,10 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, computed_field, model_validator
 
-from markdown_it.renderer import RendererHTML
-from markdown_it.token import Token
-from markdown_it.utils import EnvType, OptionsDict
-
 from research.markdown import (
-    EVERY_LINK,
-    LINK_READERS,
-    MARKDOWN,
+    PARSERS,
     Document,
     definitions,
-    inline_text,
     is_atx,
     links,
     read,
@@ -184,12 +177,12 @@ def only_source_links(markdown: str, source_urls: list[str]) -> str:
     deepthread reads Markdown and as a reader of raw HTML and indented code does (`LINK_READERS`).
     """
     allowed = {_comparable_url(url) for url in source_urls if url}
-    allowed |= {_comparable_url(MARKDOWN.normalizeLink(url.strip())) for url in source_urls if url}
+    allowed |= {_comparable_url(PARSERS.markdown.normalizeLink(url.strip())) for url in source_urls if url}
     # How the renderers write a source's address in a link: its parentheses encoded.
     allowed |= {_comparable_url(url.replace("(", "%28").replace(")", "%29")) for url in allowed}
     for attempt in range(_LINK_PASSES):
         # A label made text may close brackets around it into another link: read again until none is left.
-        for reader in LINK_READERS:
+        for reader in PARSERS.link_readers:
             document = read(markdown, reader)
             edits = _unlisted_link_edits(document, allowed, bluntly=attempt == _LINK_PASSES - 1)
             if edits:
@@ -218,7 +211,7 @@ def _unlisted_link_edits(document: Document, allowed: set[str], *, bluntly: bool
         if token.type == "tr_open" and token.map is not None and "](" in document.lines[token.map[0]]:
             row = token.map[0]
             found.extend((document.line_starts[row], (row, row + 1), link)
-                         for link in links(read_inline(document.lines[row], EVERY_LINK)))
+                         for link in links(read_inline(document.lines[row], PARSERS.every_link)))
     edits: list[tuple[int, int, str]] = []
     for offset, lines, link in found:
         if link.kind == "autolink" or _comparable_url(link.target) in allowed:
@@ -503,7 +496,7 @@ def url_pieces(text: str, bare_url: re.Pattern[str] = BARE_URL) -> list[tuple[st
     return [(piece, url) for piece, url in pieces if piece]
 
 
-def _text_html(text: str) -> str:
+def text_html(text: str) -> str:
     """Text as HTML: escaped, with its bare http(s) URLs linked and its `[n]` citations linked to their source."""
     pieces: list[str] = []
     for piece, url in url_pieces(text):
@@ -520,89 +513,6 @@ def _text_html(text: str) -> str:
 
 def _link_to_source(number: int) -> str:
     return f'<a class="cite" href="#source-{number}">[{number}]</a>'
-
-
-_IN_LINK = "in_link"
-
-
-def _text_token(content: str) -> Token:
-    return Token("text", "", 0, content=content)
-
-
-def _with_http_links_only(children: list[Token]) -> list[Token]:
-    """Inline tokens where a link to anything but http(s) is its label and its address as text, and an image is its
-    description linked to its picture (the export loads nothing); text in a link is marked so it links nothing."""
-    kept: list[Token] = []
-    unsafe_target: str | None = None
-    in_link = False
-    for child in children:
-        if child.type == "image":
-            source = str(child.attrs.get("src", ""))
-            url = safe_http_url(source)
-            description = _text_token(inline_text(child.children or []))
-            description.meta[_IN_LINK] = True
-            if in_link or unsafe_target is not None:  # a link's label: what it shows, no link of its own
-                kept.append(description)
-            elif url is None:
-                kept.extend([description, _text_token(f" ({source})")])
-            else:
-                kept.extend([Token("link_open", "a", 1, attrs={"href": url}), description, Token("link_close", "a", -1)])
-        elif child.type == "link_open":
-            target = str(child.attrs.get("href", ""))
-            url = safe_http_url(target)
-            if url is None:
-                unsafe_target = target
-            else:
-                child.attrs = {"href": url}
-                in_link = True
-                kept.append(child)
-        elif child.type == "link_close":
-            if unsafe_target is not None and child.markup != "autolink":
-                kept.append(_text_token(f" ({unsafe_target})"))
-            elif unsafe_target is None:
-                kept.append(child)
-            unsafe_target, in_link = None, False
-        else:
-            if in_link:
-                child.meta[_IN_LINK] = True
-            kept.append(child)
-    return kept
-
-
-class _ReportHtml(RendererHTML):
-    """markdown-it-py's HTML renderer with the report's rules: links open with no referrer and are not followed,
-    text links its bare URLs and `[n]` citations, code blocks name no language, and no white space is left between
-    tags but after each top-level block."""
-
-    def renderToken(self, tokens: Sequence[Token], idx: int, options: OptionsDict, env: EnvType) -> str:
-        token = tokens[idx]
-        rendered = super().renderToken(tokens, idx, options, env).strip("\n")
-        return rendered + "\n" if rendered and token.block and token.level == 0 and token.nesting != 1 else rendered
-
-    def link_open(self, tokens: Sequence[Token], idx: int, options: OptionsDict, env: EnvType) -> str:
-        return f'<a href="{_escape(str(tokens[idx].attrs["href"]))}" rel="noopener noreferrer nofollow">'
-
-    def text(self, tokens: Sequence[Token], idx: int, options: OptionsDict, env: EnvType) -> str:
-        token = tokens[idx]
-        return _escape(token.content) if token.meta.get(_IN_LINK) else _text_html(token.content)
-
-    def fence(self, tokens: Sequence[Token], idx: int, options: OptionsDict, env: EnvType) -> str:
-        token = tokens[idx]
-        code = f"<pre><code>{_escape(token.content.removesuffix(chr(10)))}</code></pre>"
-        return code + "\n" if token.level == 0 else code
-
-
-_REPORT_HTML = _ReportHtml()
-
-
-def markdown_to_html(markdown: str) -> str:
-    """A safe HTML fragment of a report's Markdown (CommonMark with tables and strikethrough, by markdown-it-py): raw
-    HTML is shown as text, only http(s) links are links, and no image is loaded."""
-    tokens = read(markdown).tokens
-    for token in tokens:
-        if token.type == "inline" and token.children is not None:
-            token.children = _with_http_links_only(token.children)
-    return _REPORT_HTML.render(tokens, MARKDOWN.options, {}).rstrip("\n")
 
 
 def passage_without_title(text: str, title: str) -> str:
@@ -686,6 +596,8 @@ def render_html(report: Report) -> str:
     if question and question.casefold() != shown_title(report).casefold():
         parts.append(f'<p class="question">{_escape(question)}</p>')
     parts.append(_html_written_at(report.created_at))
+    from research.report_html import markdown_to_html
+
     parts.append(markdown_to_html(body))
     if report.sources:
         parts.append("<h2>Sources</h2>")

@@ -22,7 +22,7 @@ from rich.console import Console
 
 from chat.console.messenger import renderable_for
 from chat.message import Content
-from research.markdown import EVERY_LINK, links, read
+from research.markdown import PARSERS, links, read
 
 Found = list[tuple[str, str]]
 
@@ -34,7 +34,7 @@ class _EveryTarget(MarkdownIt):
         return True
 
 
-MARKDOWN_READERS = (EVERY_LINK, _EveryTarget("commonmark", {"html": True}).enable(["table", "strikethrough"]))
+MARKDOWN_READERS = (PARSERS.every_link, _EveryTarget("commonmark", {"html": True}).enable(["table", "strikethrough"]))
 
 
 def comparable(url: str) -> str:

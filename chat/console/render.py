@@ -20,7 +20,7 @@ from chat.watches import WatchListing, WatchSummary
 from chat.state import RunProgress
 from chat.status import counts_line, format_elapsed
 from chat.text import platform_user, shortened, single_line
-from research.markdown import NEUTRAL_MARKUP
+from research.markdown import PARSERS
 from research.report import Report, only_source_links, render_markdown
 from storage.vocabulary import ACTIVE_STATES, zone_of
 
@@ -140,7 +140,7 @@ class ConsoleRenderer:
 def _neutral_pieces(text: str) -> list[tuple[str, str | None]]:
     """The neutral markup of a core reply read by markdown-it-py: its pieces of text, each with its rich style
     ("bold", "cyan" for code, None); an emphasis mark other than `**` stays as it was typed."""
-    tokens = NEUTRAL_MARKUP.parseInline(text)
+    tokens = PARSERS.neutral_markup.parseInline(text)
     pieces: list[tuple[str, str | None]] = []
     bold = 0
     for token in tokens[0].children or [] if tokens else []:

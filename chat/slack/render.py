@@ -46,8 +46,7 @@ from chat.text import (
 from markdown_it.token import Token
 
 from research.markdown import (
-    EVERY_LINK,
-    MARKDOWN,
+    PARSERS,
     Document,
     closing,
     fence_code,
@@ -181,7 +180,7 @@ def _inline_mrkdwn(children: list[Token]) -> str:
 
 def inline_to_mrkdwn(text: str) -> str:
     """Markdown inline text as escaped Slack mrkdwn: code, http(s) links, bold, italic and strikethrough."""
-    tokens = MARKDOWN.parseInline(text)
+    tokens = PARSERS.markdown.parseInline(text)
     return _inline_mrkdwn(tokens[0].children or []) if tokens else ""
 
 
@@ -263,7 +262,7 @@ def paragraph_to_slack_markdown(paragraph: str) -> str:
     """One Markdown paragraph for a `markdown` block: `& < >` escaped as entities, only http(s) links kept as links,
     each written `[label](address)` (an autolink becomes its bare address, and an address in `<>` loses them: their
     `<` `>` would be escaped)."""
-    document = read(paragraph, EVERY_LINK)
+    document = read(paragraph, PARSERS.every_link)
     edits: list[tuple[int, int, str]] = []
     for link in links(document):
         url = safe_http_url(link.target)

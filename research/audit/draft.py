@@ -9,11 +9,13 @@ title under the first. What is left is the report as the model meant it, so the 
 from __future__ import annotations
 
 import re
-
-from markdown_it.token import Token
+from typing import TYPE_CHECKING
 
 from research.markdown import bold_line_text, heading_level, inline_lines, inline_text, is_atx, markdown_paragraphs, read
 from research.llm import strip_reasoning
+
+if TYPE_CHECKING:
+    from markdown_it.token import Token
 
 # A fence around a report names no language, or one a report is written in.
 _REPORT_LANGUAGES = frozenset({"", "markdown", "md", "text"})

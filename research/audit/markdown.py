@@ -7,11 +7,12 @@ right under its paragraph, so only a heading written with `#`s is one here, and 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
-
-from markdown_it.token import Token
+from typing import TYPE_CHECKING, Literal
 
 from research.markdown import Document, bold_line_text, closing, inline_lines, is_atx, read
+
+if TYPE_CHECKING:
+    from markdown_it.token import Token
 
 BlockKind = Literal["verbatim", "prose", "heading", "table", "table_header", "code"]
 

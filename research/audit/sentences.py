@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 
 from research.audit.markdown import BlockKind
-from research.markdown import MARKDOWN, inline_text
+from research.markdown import PARSERS, inline_text
 
 
 CITE_GROUP = r"\[\s*p\d+(?:\s*[,;]\s*p\d+)*\s*\]"
@@ -101,7 +101,7 @@ CITE_RUN_WITH_SPACE = re.compile(r"\s*" + CITE_RUN.pattern, re.IGNORECASE)
 
 def plain_text(markdown: str) -> str:
     """Text as a reader sees it: cites, link targets, URLs and emphasis marks removed, spaces collapsed."""
-    tokens = MARKDOWN.parseInline(CITE_RUN_WITH_SPACE.sub("", markdown))
+    tokens = PARSERS.markdown.parseInline(CITE_RUN_WITH_SPACE.sub("", markdown))
     text = inline_text(tokens[0].children or []) if tokens else ""
     text = _BARE_URL.sub(" ", text)
     text = _MARK_CHARACTERS.sub("", text)

@@ -17,8 +17,8 @@ from research.changes import (
     compute_changes,
     text_checksum,
 )
-from research.markdown import EVERY_LINK, links, read
-from research.report import markdown_to_html
+from research.markdown import PARSERS, links, read
+from research.report_html import markdown_to_html
 
 PRICING = "https://shop.example/pricing"
 SINCE = dt.datetime(2026, 11, 27, 9, 30, tzinfo=dt.timezone.utc)
@@ -246,7 +246,7 @@ def test_a_page_s_title_and_sentence_forge_no_link_no_citation_and_no_second_lin
     assert cited_ids(figure_item) == ["p7"] and cited_ids(gone_item) == []
     assert normalise_citations(section, ["p1", "p2", "p3", "p4", "p5", "p7"]) == section
     # The one link is the gone source's; an address a page wrote stays in sight, linked to nothing it hides.
-    found = links(read(section, EVERY_LINK))
+    found = links(read(section, PARSERS.every_link))
     assert [(link.kind, link.target) for link in found] == [("link", "https://old.example/a_%28b%29")]
     html = markdown_to_html(section)
     assert "<b>" not in html and "<code>" not in html and "[5]" not in html

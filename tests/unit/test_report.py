@@ -20,7 +20,6 @@ from research.report import (
     ReportSource,
     UsageSummary,
     audit_line,
-    markdown_to_html,
     parse_report_json,
     render_html,
     render_json,
@@ -28,6 +27,7 @@ from research.report import (
     split_title,
     unfinished_title,
 )
+from research.report_html import markdown_to_html
 
 
 def make_report(**changes: object) -> Report:

@@ -25,7 +25,7 @@ from chat.discord.messenger import DiscordMessenger
 from chat.message import AnswerStreaming, MessageRef, Place
 from chat.slack.messenger import SlackMessenger, build_slack_client
 from chat.slack.render import section_block, slack_content, stream_markdown
-from research.markdown import LINK_READERS, links, read
+from research.markdown import PARSERS, links, read
 from tests.fakes.slack_api import FakeSlack
 from tests.link_readers import hidden_markdown_links, hidden_terminal_links, hides
 from tests.waiting import eventually
@@ -54,7 +54,7 @@ def assert_pings_and_links_nothing(markdown: str) -> None:
     reads `&lt;` as written or as `<`."""
     assert "<" not in markdown and ">" not in markdown, markdown
     for read_as in (markdown, html.unescape(markdown)):
-        assert [link for reader in LINK_READERS for link in links(read(read_as, reader)) if link.kind != "autolink"] == []
+        assert [link for reader in PARSERS.link_readers for link in links(read(read_as, reader)) if link.kind != "autolink"] == []
         assert hidden_markdown_links(read_as) == []
 
 
