@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Seque
 from concurrent.futures import Executor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 from pydantic import BaseModel
@@ -60,14 +60,12 @@ from research.llm import (
 from research.models import Document, FetchResult, Passage, SearchResult
 from research.netguard import Resolver
 from research.phases import decompose as decompose_phase
-from research.phases import digest as digest_phase
 from research.phases import fetch as fetch_phase
 from research.phases import files as files_phase
 from research.phases import gap_check as gap_phase
 from research.phases import read as read_phase
 from research.phases import search as search_phase
 from research.phases import synthesize as synthesize_phase
-from research.phases import verify as verify_phase
 from research.phases.decompose import Decomposition
 from research.plan import ResearchPlan, plan_as_decomposition, render_plan_markdown
 from research.prompts import system_prompt
@@ -88,6 +86,9 @@ from research.report import (
 )
 from research.thread_context import Turn
 from research.untrusted import fence_passages, fence_untrusted
+
+if TYPE_CHECKING:  # the citation audit is imported where a run audits (and early by research.readers.preload)
+    from research.phases import verify as verify_phase
 
 logger = logging.getLogger(__name__)
 
@@ -578,7 +579,11 @@ async def _research(run: _Run, question: str, plan: Any, context: str | None,
             writing_error = error
         await run.progress(phase_progress("synthesize"))
 
+        from research.phases import verify as verify_phase
+
         if writing_error is not None:
+            from research.phases import digest as digest_phase
+
             reason = digest_phase.writing_failure(writing_error)
             await run.sink(Warning_(phase="synthesize", message=f"The report could not be written: {reason}; "
                                                                  "quoting the sources instead."))
@@ -770,6 +775,8 @@ async def _claims_draft(llm: LLMClient, state: ResearchState, options: ResearchO
 
 async def _audit(draft: str, shown: list[Passage], state: ResearchState, llm: LLMClient, today: dt.date,
                  budget: Budget) -> verify_phase.AuditResult:
+    from research.phases import verify as verify_phase
+
     return await verify_phase.verify_draft(draft, passages={passage.id: passage for passage in shown},
                                            sources=state.sources, judge=_citation_judge(llm, today),
                                            may_use_llm=budget.may_use_llm)
@@ -1218,6 +1225,8 @@ async def answer_from_passages(
             answer = await client.complete_long([system, *fitted, asked(selected)], task="answer",
                                                 max_tokens=answer_tokens, on_text=on_text)
             run.state.draft = answer.text
+        from research.phases import verify as verify_phase
+
         async with run.phase("verify"):
             run.state.audit = await verify_phase.verify_draft(
                 run.state.draft, passages={passage.id: passage for passage in selected}, sources=sources,

@@ -3,7 +3,8 @@
 trafilatura, lxml, justext and the rest take about a third of a second to import. The process that
 reads pages (a CPU pool's) imports them; the process that only hands pages over (the run's) need
 not, so these stand-ins import `research.extract` where they run. `preload` imports what a run needs
-later (the readers when it reads in-process, the ranker's libraries) in a thread, while it waits.
+later (the readers when it reads in-process, the ranker's libraries, the Markdown parser that first reads the
+model's answer, the citation audit) in a thread, while it waits.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from research.models import Document
 
-# Imported in the background as a run begins: the ranker's libraries, and the readers when the run reads in its
-# own process (no CPU pool: a pool's processes have their own).
-RANKER_MODULES = ("bm25s", "numpy")
+# Imported in the background as a run begins: the ranker's libraries, markdown-it-py (`research.markdown.PARSERS` is
+# built on first use) and the citation audit, and the readers when the run reads in its own process (no CPU pool: a
+# pool's processes have their own).
+PRELOADED_MODULES = ("bm25s", "numpy", "markdown_it", "research.phases.verify")
 READER_MODULES = ("research.extract",)
 
 _preloading = threading.Lock()
@@ -39,7 +41,7 @@ def load_readers() -> None:
 def preload(*, reads_here: bool) -> None:
     """Import what a run needs later in a thread of their own, once per process: a run starts it as it begins, so
     the imports happen while the run waits for its model and its searches, not when it first ranks or reads."""
-    modules = RANKER_MODULES + (READER_MODULES if reads_here else ())
+    modules = PRELOADED_MODULES + (READER_MODULES if reads_here else ())
     with _preloading:
         new = [name for name in modules if name not in _preload_asked]
         _preload_asked.update(new)
