@@ -26,6 +26,11 @@ if TYPE_CHECKING:
     from storage.db import Sessions
     from storage.vocabulary import RunMode, RunOptions
 
+# httpx imports its own command-line client (click, rich's progress bars and syntax, pygments) whenever those are
+# installed, and they are (typer's and rich's): a few hundredths of a second of every start, for a tool deepthread
+# never runs. A module marked absent is one Python's import raises ImportError for, and httpx then defines a stand-in.
+sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
+
 app = typer.Typer(
     help="deepthread: a research bot for Slack and Discord that cites every claim.",
     no_args_is_help=True,

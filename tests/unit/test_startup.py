@@ -7,7 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.import_profile import RUN_MODULES, STORAGE_MODULES, ImportProfile, profile_command
+import pytest
+
+from tests.conftest import SETTINGS_PREFIXES
+from tests.import_profile import RUN_MODULES, STORAGE_MODULES, ImportProfile, parse_importtime, profile_command
 
 
 def profile(arguments: list[str], **settings: str) -> ImportProfile:
@@ -42,6 +45,25 @@ def test_research_with_a_bad_setting_names_it_before_loading_the_engine() -> Non
     assert result.loaded(RUN_MODULES) == []
 
 
+def test_a_profile_is_the_command_s_own_imports_not_those_of_the_processes_it_starts() -> None:
+    # A run starts its CPU pool (and multiprocessing's resource tracker), which inherited `-X importtime` and wrote
+    # its own interpreter's start into the figure (a second header line, which the profile refuses, and `site` again).
+    environment = {name: value for name, value in os.environ.items() if not name.startswith(SETTINGS_PREFIXES)}
+    result = profile_command(["research", "what changed in CPython 3.13?"], cwd=Path.cwd(), environment=environment)
+    assert result.returncode == 2 and "LLM_MODEL" in result.stderr
+    assert "research.engine" in result.names and "research.cpu" in result.names, "the run's modules were loaded"
+    assert [module.name for module in result.modules].count("site") == 1
+    assert result.loaded(("pygments", "rich.syntax")) == [], "httpx's command-line client is not loaded"
+
+
+def test_an_importtime_output_of_two_processes_is_refused() -> None:
+    header = "import time: self [us] | cumulative | imported package"
+    one = f"{header}\nimport time:       120 |        120 | site"
+    assert [module.name for module in parse_importtime(one)[0]] == ["site"]
+    with pytest.raises(ValueError, match="second process"):
+        parse_importtime(f"{one}\n{one}")
+
+
 def printed_by(script: str) -> list[str]:
     """The lines a fresh interpreter prints running `script` (which must succeed)."""
     ran = subprocess.run([sys.executable, "-c", script], cwd=Path.cwd(), capture_output=True, text=True, timeout=60)
@@ -67,10 +89,13 @@ def test_a_run_with_one_search_provider_loads_no_provider_s_sdk() -> None:
 def test_the_readers_and_the_ranker_load_only_once_a_run_begins_and_then_beside_it() -> None:
     # trafilatura (with lxml, justext) and bm25s (with numpy) were a third of a research run's start-up, though a run
     # reads and ranks only once pages arrive, and reads in its CPU pool's processes.
-    later = "('trafilatura', 'bm25s', 'numpy')"
+    # markdown-it-py and the citation audit too: the first text a run parses is its model's first answer, and it
+    # audits last.
+    later = "('trafilatura', 'bm25s', 'numpy', 'markdown_it', 'research.audit')"
     script = (
         "import sys\n"
         "import worker.toolkit, worker.attempt, research.engine, research.scrape_fallback\n"
+        "import bot.console.bundle, chat.console.render, storage.runs, worker.headless, bot.conversation.commands\n"
         f"print(sorted(name for name in {later} if name in sys.modules))\n"
         "from research import rank, readers\n"
         "readers.preload(reads_here=True)\n"
@@ -81,7 +106,7 @@ def test_the_readers_and_the_ranker_load_only_once_a_run_begins_and_then_beside_
         "passage = Passage(id='p1', source_id='s1', text='tidal turbines deliver energy', start=0, end=29)\n"
         "print(rank.rank_passages('tidal energy', [passage], top_k=1)[0][0].id)\n"
     )
-    assert printed_by(script) == ["[]", "['bm25s', 'numpy', 'trafilatura']", "p1"]
+    assert printed_by(script) == ["[]", "['bm25s', 'markdown_it', 'numpy', 'research.audit', 'trafilatura']", "p1"]
 
 
 def test_the_model_is_asked_without_an_sdk() -> None:
