@@ -12,6 +12,9 @@ least disturbed by other processes on a shared machine):
   no LLM_MODEL, which stops after loading the engine, the LLM client, the storage models and the providers,
   before it opens the database), with the heaviest packages it pulls in.
 
+Only the command's own process is counted (not the CPU pool's helper processes it starts). Each round runs every
+command once, after a fixed piece of pure-Python work whose time (`cpu_loop_s`) shows how fast the machine was.
+
     .venv/bin/python bench/startup.py [--rounds 7]
 """
 
@@ -21,6 +24,7 @@ import argparse
 import os
 import sys
 import tempfile
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -50,25 +54,43 @@ def heaviest_packages(profile: ImportProfile, count: int) -> list[tuple[str, flo
     return sorted(seconds.items(), key=lambda item: item[1], reverse=True)[:count]
 
 
+def cpu_loop_seconds() -> float:
+    """How long this machine takes, right now, for a fixed piece of pure-Python work (about a tenth of a second on the
+    2-core machine of bench/README.md at its fastest): shared machines run at very different speeds minute to minute,
+    and this says how fast a round's machine was."""
+    started = time.perf_counter()
+    total = 0
+    for number in range(3_000_000):
+        total += number
+    return time.perf_counter() - started
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     arguments = parser.parse_args()
-    fastest: dict[str, float] = {}
+    profiles: dict[str, list[ImportProfile]] = {name: [] for name in COMMANDS}
+    loops: list[float] = []
     with tempfile.TemporaryDirectory() as empty:
-        for name, (command, settings) in COMMANDS.items():
-            profiles = [profile_command(command, cwd=Path(empty), environment={**clean_environment(), **settings})
-                        for _ in range(arguments.rounds)]
-            if any(profile.returncode != EXPECTED_EXIT_CODES[name] for profile in profiles):
-                raise SystemExit(f"{name}: unexpected exit code {profiles[0].returncode}: {profiles[0].stderr}")
-            fastest[name] = min(profile.seconds for profile in profiles)
-            print(f"{name:13} {fastest[name]:.3f} s of imports (fastest of {arguments.rounds}), "
-                  f"{len(profiles[0].modules)} modules")
-            typical = min(profiles, key=lambda profile: profile.seconds)
-            print("  heaviest packages (s): " + ", ".join(f"{package} {seconds:.3f}"
-                                                          for package, seconds in heaviest_packages(typical, 8)))
+        # Round by round, every command once: a slow minute on a shared machine slows each command alike.
+        for _ in range(arguments.rounds):
+            loops.append(cpu_loop_seconds())
+            for name, (command, settings) in COMMANDS.items():
+                profile = profile_command(command, cwd=Path(empty), environment={**clean_environment(), **settings})
+                if profile.returncode != EXPECTED_EXIT_CODES[name]:
+                    raise SystemExit(f"{name}: unexpected exit code {profile.returncode}: {profile.stderr}")
+                profiles[name].append(profile)
+    fastest: dict[str, float] = {}
+    for name, rounds in profiles.items():
+        fastest[name] = min(profile.seconds for profile in rounds)
+        print(f"{name:13} {fastest[name]:.3f} s of imports (fastest of {arguments.rounds}; slowest "
+              f"{max(profile.seconds for profile in rounds):.3f}), {len(rounds[0].modules)} modules")
+        typical = min(rounds, key=lambda profile: profile.seconds)
+        print("  heaviest packages (s): " + ", ".join(f"{package} {seconds:.3f}"
+                                                      for package, seconds in heaviest_packages(typical, 8)))
+    print(f"cpu_loop_s: fastest {min(loops):.3f}, slowest {max(loops):.3f} (the same work before each round)")
     print(f"help_import_s={fastest['help']:.3f} research_import_s={fastest['research']:.3f} "
-          f"research_run_import_s={fastest['research_run']:.3f}")
+          f"research_run_import_s={fastest['research_run']:.3f} cpu_loop_s={min(loops):.3f}")
 
 
 if __name__ == "__main__":
