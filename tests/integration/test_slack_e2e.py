@@ -109,8 +109,12 @@ def test_forged_stale_and_retried_deliveries(world: SlackWorld) -> None:
     mention = world.sender.event(world.sender.app_mention(f"<@{world.sender.bot_user_id}> research: {QUESTION}",
                                                           user=ASKER, channel=CHANNEL))
     assert world.sender.send(mention).status_code == 200
+    # Each delivery's listener runs in a task of its own once acknowledged, so two mentions may become runs in either
+    # order: the retry is sent once the mention is a run, as Slack retries one it saw no answer to in 3 s.
+    world.cluster.wait_for(lambda: any(run.question == QUESTION for run in world.runs()), 20, "the mention's run")
     assert world.sender.send(mention, retry_num=1).status_code == 200
-    # A later mention, on the same path, becoming a run shows that everything sent before it was processed.
+    # The retry was judged a repeat before it was acknowledged; a later mention becoming a run shows that a listener
+    # it might have started has had the time to make its run too.
     later = world.sender.event(world.sender.app_mention(f"<@{world.sender.bot_user_id}> research: a later question",
                                                         user=OTHER, channel=CHANNEL))
     assert world.sender.send(later).status_code == 200
