@@ -149,6 +149,9 @@ _FIGURE = re.compile(
     """,
     re.VERBOSE | re.IGNORECASE,
 )
+# A list item's marker at the start of a sentence: a bullet or a number, then a space (so "-3%" keeps its sign). It is
+# not part of the sentence: an item's number is no figure, and a list renumbered between runs changes none.
+_LIST_MARKER = re.compile(r"^(?:[-*+•]|\d{1,3}[.)])\s+")
 _UNITS = {"percent": "%", "k": "thousand", "m": "million", "b": "billion", "bn": "billion"}
 _PLACEHOLDER = "\ufffc"
 
@@ -189,7 +192,7 @@ def _sentences(source: SourceSnapshot) -> list[_Sentence]:
         if passage.is_snippet:
             continue
         for raw in split_sentences(passage.text):
-            text = " ".join(raw.split())
+            text = _LIST_MARKER.sub("", " ".join(raw.split()), count=1)
             matches = list(_FIGURE.finditer(text))
             if not matches:
                 continue
@@ -260,8 +263,6 @@ _MARKUP = re.compile(r"[\[\]()<>{}【】*_`~|\\]")
 # An HTML entity (`&#91;`) reads as the character it names: its `&` is dropped so that it reads as written.
 _ENTITY_START = re.compile(r"&(?=#?\w+;)")
 _PASSAGE_ID = re.compile(r"p\d{1,6}")
-# A list item's marker at the start of a quoted sentence: a bullet or a number, then a space (so "-3%" keeps its sign).
-_LIST_MARKER = re.compile(r"^(?:[-*+•]|\d{1,3}[.)])\s+")
 
 
 def changes_markdown(changes: Sequence[Change], *, since: dt.datetime) -> str:
@@ -284,6 +285,7 @@ def _item(change: Change) -> str:
         case "figure":
             before = plain_text(change.before or "", TITLE_MAX_CHARS)
             after = plain_text(change.after or "", TITLE_MAX_CHARS)
+            # A change stored before list markers were left out of sentences may quote one.
             context = _LIST_MARKER.sub("", plain_text(change.context or "", CONTEXT_MAX_CHARS), count=1)
             quoted = f' ("{context}")' if context else ""
             return f"- {title}: {before} → {after}{quoted}{cite}"

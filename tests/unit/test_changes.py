@@ -269,6 +269,18 @@ def test_a_file_read_from_the_disk_is_matched_by_its_name_across_runs() -> None:
     assert source_key("https://a.example/x", "x.pdf") == "https://a.example/x" and source_key("", None) == ""
 
 
+def test_a_list_renumbered_between_runs_changes_no_figure_but_the_one_that_moved() -> None:
+    previous = [page(PRICING, "Plans\n1. The Pro plan costs $29 a month.\n2. The Team plan costs $99 a month.\n"
+                              "- Seats: 5 included.")]
+    current = [page(PRICING, "Plans\n1. The Team plan costs $99 a month.\n2. The Pro plan costs $35 a month.\n"
+                             "* Seats: 5 included.", first=3)]
+
+    assert compute_changes(previous, current) == [
+        Change(kind="figure", url=PRICING, title="Pricing", passage_id="p3", before="$29", after="$35",
+               context="The Pro plan costs $35 a month."),
+    ]
+
+
 def test_a_quoted_sentence_loses_its_list_marker_but_never_a_figure_s_sign() -> None:
     def quoted(context: str) -> str:
         change = Change(kind="figure", url=PRICING, title="Pricing", passage_id="p7", before="2%", after="3%",
