@@ -18,9 +18,9 @@ import datetime as dt
 import hashlib
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from decimal import Decimal, InvalidOperation
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict
@@ -60,6 +60,14 @@ class SourceSnapshot(NamedTuple):
     title: str
     checksum: str | None
     passages: tuple[PassageSnapshot, ...]
+
+    @classmethod
+    def of(cls, url: str, title: str | None, checksum: str | None, file: Mapping[str, Any] | None,
+           passages: Iterable[PassageSnapshot]) -> SourceSnapshot:
+        """A source as stored, or as a run just found it (`file`: a shared file's details): compared by `source_key`,
+        named by its title, or else its address."""
+        return cls(url=source_key(url, (file or {}).get("name")), title=title or url, checksum=checksum,
+                   passages=tuple(passages))
 
 
 class Change(BaseModel):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
-from research.changes import PassageSnapshot, SourceSnapshot, source_key
+from research.changes import PassageSnapshot, SourceSnapshot
 from storage.db import Sessions, off_loop
 from storage.models import Passage, Source
 
@@ -22,8 +22,7 @@ def source_snapshots(sessions: Sessions, run_id: int) -> list[SourceSnapshot]:
     by_source: dict[int, list[PassageSnapshot]] = {}
     for source_row_id, passage_id, text, is_snippet in passages:
         by_source.setdefault(source_row_id, []).append(PassageSnapshot(passage_id, text, bool(is_snippet)))
-    return [SourceSnapshot(url=source_key(url, (file or {}).get("name")), title=title or url, checksum=checksum,
-                           passages=tuple(by_source.get(row_id, [])))
+    return [SourceSnapshot.of(url, title, checksum, file, by_source.get(row_id, []))
             for row_id, url, title, checksum, file in sources]
 
 

@@ -18,7 +18,7 @@ from chat.message import Messenger, MessengerError, Place
 from chat.platform import Outbound
 from chat.watches import skipped_line, tell_owner_stopped
 from ops.metrics import Metrics
-from research.changes import Change, PassageSnapshot, SourceSnapshot, changes_markdown, compute_changes, source_key
+from research.changes import Change, PassageSnapshot, SourceSnapshot, changes_markdown, compute_changes
 from research.report import CitedPassage, Report, ReportSource, WatchComparison
 from storage.attempts import Findings
 from storage.db import Sessions
@@ -126,9 +126,8 @@ def snapshots_of(findings: Findings) -> list[SourceSnapshot]:
     for passage in sorted(findings.passages, key=lambda found: (found.source_id, found.start)):
         passages.setdefault(passage.source_id, []).append(
             PassageSnapshot(passage.passage_id, passage.text, passage.is_snippet))
-    return [SourceSnapshot(url=source_key(source.url, (source.file or {}).get("name")),
-                           title=source.title or source.url, checksum=source.checksum,
-                           passages=tuple(passages.get(source.source_id, []))) for source in findings.sources]
+    return [SourceSnapshot.of(source.url, source.title, source.checksum, source.file, passages.get(source.source_id, []))
+            for source in findings.sources]
 
 
 async def compared_with_previous(sessions: Sessions, run_id: int, report: Report, findings: Findings) -> Report:
