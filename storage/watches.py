@@ -311,13 +311,14 @@ def _store_fired_run(session: Session, watch: Watch, moment: dt.datetime) -> Run
                                     created_at=moment)
         session.add(conversation)
         # The files shared where the watch was made are sources of each of its runs, as they were of that report.
-        origin = session.get(Run, watch.origin_run_id) if watch.origin_run_id is not None else None
-        if origin is not None and not watch.one_thread:
+        origin_conversation = (session.scalar(select(Run.conversation_id).where(Run.id == watch.origin_run_id))
+                               if watch.origin_run_id is not None and not watch.one_thread else None)
+        if origin_conversation is not None:
             session.add_all(ConversationFile(conversation=conversation, file_id=shared.file_id, name=shared.name,
                                              size=shared.size, mimetype=shared.mimetype, url=shared.url,
                                              link=shared.link, shared_by=shared.shared_by, created_at=shared.created_at)
                             for shared in session.scalars(select(ConversationFile).where(
-                                ConversationFile.conversation_id == origin.conversation_id)))
+                                ConversationFile.conversation_id == origin_conversation)))
     session.add(Message(conversation=conversation, role="user", author=watch.created_by, text=watch.question,
                         mode="research", created_at=moment))
     run = Run(conversation=conversation, workspace=watch.workspace, mode="research", question=watch.question,
