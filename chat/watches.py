@@ -137,16 +137,14 @@ def stopped_line(question: str, reason: str) -> str:
             "their threads.")
 
 
-async def tell_owner_stopped(messenger: Messenger, renderer: PlatformRenderer, watch: WatchView) -> bool:
-    """A direct message to the owner of a watch that just stopped, where the platform lets the bot write one; whether
-    it went out (a refusal is logged, never raised)."""
+async def tell_owner_stopped(messenger: Messenger, renderer: PlatformRenderer, watch: WatchView) -> None:
+    """A direct message to the owner of a watch that just stopped, where the platform lets the bot write one (a
+    refusal is logged, never raised)."""
     if not isinstance(messenger, DirectMessaging):
-        return False
+        return
     owner = platform_user(watch.created_by)
     try:
         await messenger.direct(watch.workspace, owner, renderer.notice(stopped_line(watch.question,
                                                                                   watch.stopped_reason or "")))
     except Exception as error:
         logger.warning("could not tell the owner of watch %s that it stopped (%s)", watch.id, error)
-        return False
-    return True
