@@ -9,11 +9,13 @@ to the ack is the client-measured time from sending the request to receiving the
 `/research help` requests (which start no run) warm the connection and bolt's one-time `auth.test` first.
 
 After the last ack the benchmark waits until every command is answered: a run stored for it, or a private refusal
-at its `response_url` (no worker takes runs here, so each requester's runs past MAX_QUEUED_PER_USER are refused);
-it asserts that none is left unanswered, that nobody has more runs waiting than the cap, and that a new person's
-command right after the burst is acknowledged and stored as quickly as ever.
+at its `response_url` (no worker takes runs here, so each requester's runs past MAX_QUEUED_PER_USER are refused, and
+everyone's once the workspace has MAX_QUEUED_PER_WORKSPACE waiting); it asserts that none is left unanswered, that
+nobody (and no workspace) has more runs waiting than its cap, and that a new person's command right after the burst
+is acknowledged and answered as quickly as ever: its run stored, or, the workspace's queue being full, refused.
+`--workspace-cap` sets MAX_QUEUED_PER_WORKSPACE (the settings' default unless given; 0 is off).
 
-    .venv/bin/python bench/ack.py [--requests 200] [--users 20]
+    .venv/bin/python bench/ack.py [--requests 200] [--users 20] [--workspace-cap N]
 """
 
 from __future__ import annotations
@@ -82,7 +84,8 @@ class Answers:
     """What became of each command: a run, a private refusal at its `response_url`, or nothing (yet)."""
 
     runs: int
-    refused: int
+    refused: int  # by either queue cap
+    refused_for_workspace: int  # of those, by the workspace's
     other_replies: int
     unanswered: int
 
@@ -90,17 +93,20 @@ class Answers:
 def answers(sessions: Sessions, catcher: ResponseUrlCatcher, sent: list[Command]) -> Answers:
     questions = set(questions_with_runs(sessions)[0])
     replied = {response.path: response.payload.get("text", "") for response in catcher.responses()}
-    runs = refused = other = unanswered = 0
+    runs = refused = for_workspace = other = unanswered = 0
     for command in sent:
+        reply = replied.get(command.response_path, "")
         if command.question in questions:
             runs += 1
-        elif "runs waiting in the queue" in replied.get(command.response_path, ""):
+        elif "runs waiting in the queue" in reply:
             refused += 1
+            for_workspace += reply.startswith("This workspace already has")
         elif command.response_path in replied:
             other += 1
         else:
             unanswered += 1
-    return Answers(runs=runs, refused=refused, other_replies=other, unanswered=unanswered)
+    return Answers(runs=runs, refused=refused, refused_for_workspace=for_workspace, other_replies=other,
+                   unanswered=unanswered)
 
 
 def wait_for_answers(sessions: Sessions, catcher: ResponseUrlCatcher, sent: list[Command]) -> tuple[float, Answers]:
@@ -137,13 +143,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--users", type=int, default=20, help="distinct requesters, in turn")
+    parser.add_argument("--workspace-cap", type=int, default=None,
+                        help="MAX_QUEUED_PER_WORKSPACE (default: the settings' default; 0 is off)")
     arguments = parser.parse_args()
+    caps = {} if arguments.workspace_cap is None else {"max_queued_per_workspace": arguments.workspace_cap}
 
     with tempfile.TemporaryDirectory(prefix="deepthread-bench-ack-") as workdir, redis_server() as redis_url, \
             FakeSlack() as slack, ResponseUrlCatcher() as catcher:
         settings = load_settings(database_url=f"sqlite:///{workdir}/bench.db", redis_url=redis_url, data_dir=workdir,
                                  slack_bot_token=slack.token, slack_signing_secret=SIGNING_SECRET,
-                                 slack_api_url=slack.api_url)
+                                 slack_api_url=slack.api_url, **caps)
         upgrade(settings.database_url)
         engine = make_engine(settings.database_url)  # the benchmark's own reads, one pool for all its polls
         sessions = make_session_factory(engine)
@@ -158,7 +167,7 @@ def main() -> None:
             settled, tally = wait_for_answers(sessions, catcher, sent)
             # Right after the burst, a new person's command: acknowledged, and its run stored, as quickly as ever.
             after = send_command(sender, "one more question: is the app still answering?", "U0AFTER01")
-            next_run_s, after_tally = wait_for_answers(sessions, catcher, [after])
+            next_answer_s, after_tally = wait_for_answers(sessions, catcher, [after])
             sender.close()
         waiting_by_user = questions_with_runs(sessions)[1]
         engine.dispose()
@@ -169,17 +178,24 @@ def main() -> None:
           f"sent and acknowledged in {sending:.2f} s")
     print(f"time to ack: p50 {p50:.1f} ms, p90 {percentile(milliseconds, 0.90):.1f} ms, p99 {p99:.1f} ms, "
           f"max {max(milliseconds):.1f} ms, mean {statistics.fmean(milliseconds):.1f} ms")
+    slowest = sorted(range(len(milliseconds)), key=lambda index: milliseconds[index], reverse=True)[:5]
+    print("slowest acks (request number, ms): " + ", ".join(f"{index + 1} {milliseconds[index]:.0f}" for index in slowest))
     print(f"answered {settled:.2f} s after the last ack: {tally.runs} runs, {tally.refused} private refusals "
-          f"(MAX_QUEUED_PER_USER={settings.max_queued_per_user}; no worker takes runs here), "
-          f"{tally.other_replies} other replies, {tally.unanswered} unanswered; most waiting for one person: "
-          f"{max(waiting_by_user.values(), default=0)}")
+          f"({tally.refused_for_workspace} for the workspace's queue; MAX_QUEUED_PER_USER="
+          f"{settings.max_queued_per_user}, MAX_QUEUED_PER_WORKSPACE={settings.max_queued_per_workspace}; no worker "
+          f"takes runs here), {tally.other_replies} other replies, {tally.unanswered} unanswered; most waiting for "
+          f"one person: {max(waiting_by_user.values(), default=0)}, in all: {sum(waiting_by_user.values())}")
+    became = "its run stored" if after_tally.runs else "refused (the workspace's queue is full)"
     print(f"a new command after the burst: acknowledged in {after.ack_seconds * 1000:.1f} ms, "
-          f"its run stored {next_run_s:.2f} s later")
+          f"{became} {next_answer_s:.2f} s later")
     assert tally.unanswered == 0 and tally.other_replies == 0, tally
-    assert after_tally.runs == 1, after_tally
+    assert after_tally.runs + after_tally.refused_for_workspace == 1, after_tally
     assert max(waiting_by_user.values(), default=0) <= settings.max_queued_per_user, waiting_by_user
+    assert not settings.max_queued_per_workspace or sum(waiting_by_user.values()) <= settings.max_queued_per_workspace
     print(f"p50_ms={p50:.1f} p99_ms={p99:.1f} runs={tally.runs} refused={tally.refused} "
-          f"unanswered={tally.unanswered} next_ack_ms={after.ack_seconds * 1000:.1f} next_run_s={next_run_s:.2f}")
+          f"refused_for_workspace={tally.refused_for_workspace} unanswered={tally.unanswered} "
+          f"next_ack_ms={after.ack_seconds * 1000:.1f} next_answer_s={next_answer_s:.2f} "
+          f"next={'run' if after_tally.runs else 'refused'}")
 
 
 if __name__ == "__main__":
