@@ -4,6 +4,9 @@ that spells out which states are active or terminal."""
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import get_args
 
@@ -115,3 +118,14 @@ def test_status_models_refuse_a_state_or_mode_outside_the_vocabulary() -> None:
         RunSummary.model_validate({"run_id": 1, "mode": "ask", "state": "done", "question": "q", "requested_by": "u",
                                    "created_at": "2026-01-01T00:00:00Z",
                                    "thread": {"platform": "console", "workspace": "w", "channel": "c", "thread": "t"}})
+
+
+def test_a_watch_s_time_zone_is_known_without_the_system_s_zone_database() -> None:
+    # A slim image (python:3.11-slim on Debian 13) has no /usr/share/zoneinfo: zoneinfo then reads the tzdata package.
+    script = ("import zoneinfo, datetime as dt\n"
+              "from storage.vocabulary import zone_of\n"
+              "assert zoneinfo.TZPATH == ()\n"
+              "print(dt.datetime(2026, 7, 1, 12, tzinfo=zone_of('Europe/Paris')).utcoffset())\n")
+    ran = subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONTZPATH": ""}, cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert (ran.returncode, ran.stdout.strip()) == (0, "2:00:00"), ran.stderr
