@@ -208,6 +208,7 @@ class DiscordBot:
         self.client.event(self.on_raw_reaction_add)
         self.client.event(self.on_interaction)
         self.client.event(self.on_guild_channel_delete)
+        self.client.event(self.on_guild_remove)
 
     def _command(self, name: str) -> app_commands.Command[Any, Any, None]:
         if name == "ask":
@@ -414,6 +415,14 @@ class DiscordBot:
                                          reason="its channel was deleted")
         except Exception:
             logger.exception("could not stop the watches of deleted channel %s", channel.id)
+
+    async def on_guild_remove(self, guild: discord.Guild) -> None:
+        """The bot removed from a server (kicked or banned, or the server deleted): its watches stop, saying why; what
+        is stored of the server stays until `deepthread prune --workspace` (the bot may be invited back)."""
+        try:
+            await self.core.stop_watches(PLATFORM, str(guild.id), reason="the app was removed from the server")
+        except Exception:
+            logger.exception("could not stop the watches of server %s, which the app was removed from", guild.id)
 
     async def on_raw_reaction_add(self, payload: discord.RawReactionActionEvent) -> None:
         """A reaction: the core decides whether it cancels a run or approves a plan; others are ignored."""

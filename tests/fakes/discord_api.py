@@ -819,6 +819,10 @@ class FakeDiscord(LoopbackFake):
             self.changed.notify_all()
         self.gateway.dispatch("CHANNEL_DELETE", channel.as_api())
 
+    def remove_bot(self, guild_id: int | None = None) -> None:
+        """Remove the bot from a guild, as a server admin kicking it would: GUILD_DELETE without `unavailable`."""
+        self.gateway.dispatch("GUILD_DELETE", {"id": str(int(guild_id or self.guild_id))})
+
     def create_dm(self, user: FakeUser) -> int:
         """The DM channel between `user` and the bot (type 1, no guild), created if needed."""
         with self._lock:

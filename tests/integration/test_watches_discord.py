@@ -253,6 +253,25 @@ def test_a_deleted_channels_watches_stop_saying_why(world: WatchWorld) -> None:
     assert states() == {str(doomed): ("stopped", "its channel was deleted"), str(fake.channel_id): ("active", None)}
 
 
+def test_a_server_the_app_is_removed_from_has_its_watches_stopped_saying_why(world: WatchWorld) -> None:
+    fake = world.fake
+    elsewhere = str(fake.guild_id + 1)
+    with world.cluster.sessions.begin() as session:
+        for workspace in (str(fake.guild_id), elsewhere):
+            session.add(Watch(platform="discord", workspace=workspace, channel=str(fake.channel_id), thread="1",
+                              created_by=f"discord:{world.asker.id}", question=f"In {workspace}?",
+                              schedule=WatchSchedule(cadence="daily", hour=9),
+                              next_due_at=dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=1)))
+
+    fake.remove_bot()
+
+    def states() -> dict[str, tuple[str, str | None]]:
+        return {watch.workspace: (watch.state, watch.stopped_reason) for watch in all_watches(world.cluster.sessions)}
+    world.wait(lambda: states()[str(fake.guild_id)][0] == "stopped", "the server's watch to stop")
+    assert states() == {str(fake.guild_id): ("stopped", "the app was removed from the server"),
+                        elsewhere: ("active", None)}
+
+
 def test_a_watchs_run_posts_its_changes_in_a_thread_of_its_own_then_says_when_nothing_changed(
         world: WatchWorld) -> None:
     run, _ = world.researched()
