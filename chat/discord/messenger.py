@@ -114,6 +114,7 @@ MESSAGES = "/channels/{channel}/messages"
 MESSAGE = "/channels/{channel}/messages/{message}"
 THREAD_FROM_MESSAGE = "/channels/{channel}/messages/{message}/threads"
 OPEN_DIRECT_MESSAGES = "/users/@me/channels"  # `channel` unused: the bucket is the bot's own
+DIRECT_CHANNELS_KEPT = 1_000
 
 
 def new_nonce() -> str:
@@ -208,13 +209,21 @@ class DiscordMessenger:
         self._bucket_of_route: dict[str, str] = {}
         self._empty_until: dict[str, float] = {}
         self._global_until = 0.0
+        # Each person's direct-message channel once opened (Discord answers the same one every time), the latest kept.
+        self._direct_channels: dict[str, str] = {}
 
     async def direct(self, workspace: str, user: str, content: Content) -> MessageRef:
         """`content` in the bot's direct messages with `user` (opened with `POST /users/@me/channels`); Discord
         refuses (50007) a person who accepts no direct messages from the server's members."""
-        opened = await self._request(Route("POST", OPEN_DIRECT_MESSAGES, DIRECT_MESSAGES), json={"recipient_id": user})
-        return await self.post(Place(platform=self.platform, workspace=DIRECT_MESSAGES, channel=str(opened["id"])),
-                               content)
+        channel = self._direct_channels.pop(user, None)
+        if channel is None:
+            opened = await self._request(Route("POST", OPEN_DIRECT_MESSAGES, DIRECT_MESSAGES),
+                                         json={"recipient_id": user})
+            channel = str(opened["id"])
+        self._direct_channels[user] = channel  # the most recent last
+        while len(self._direct_channels) > DIRECT_CHANNELS_KEPT:
+            del self._direct_channels[next(iter(self._direct_channels))]
+        return await self.post(Place(platform=self.platform, workspace=DIRECT_MESSAGES, channel=channel), content)
 
     async def post(self, place: Place, content: Content) -> MessageRef:
         """Post `content` in `place` (its thread if set); text over 2,000 characters goes as several messages, the

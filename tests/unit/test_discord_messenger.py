@@ -401,3 +401,14 @@ async def test_a_direct_message_opens_the_persons_dm_channel_and_posts_in_it(dis
 
     assert int(ref.channel) == discord.create_dm(person) and ref.workspace == DIRECT_MESSAGES
     assert [message.content for message in discord.messages(int(ref.channel))] == ["Your watch stopped."]
+
+
+async def test_a_persons_direct_message_channel_is_opened_once(discord: FakeDiscord,
+                                                               messenger: DiscordMessenger) -> None:
+    person, other = discord.new_user("owner"), discord.new_user("other")
+
+    for user in (person, other, person):
+        await messenger.direct("123", str(user.id), Content(text="Your watch stopped."))
+
+    assert len(discord.calls("POST", "/users/@me/channels")) == 2
+    assert [message.content for message in discord.messages(discord.create_dm(person))] == ["Your watch stopped."] * 2
