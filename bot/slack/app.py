@@ -83,6 +83,11 @@ def qualified_user(user_id: str) -> str:
     return f"{PLATFORM}:{user_id}"
 
 
+def workspace_of(body: dict[str, Any], context: AsyncBoltContext) -> str:
+    """The workspace an event came from: bolt's context, else the payload's `team_id` ("" when neither names one)."""
+    return context.team_id or str(body.get("team_id") or "")
+
+
 def without_bot_mention(text: str, bot_user_id: str | None) -> str:
     """`text` with every mention of the bot (`<@U0BOT>`, `<@U0BOT|name>`) removed and the ends trimmed."""
     if not bot_user_id:
@@ -522,7 +527,7 @@ class SlackListeners:
             if self.forget_installation is not None:
                 await self.forget_installation(context)
         finally:
-            workspace = context.team_id or str(body.get("team_id") or "")
+            workspace = workspace_of(body, context)
             if workspace:
                 await self.core.forget_workspace(PLATFORM, workspace)
             else:
@@ -531,7 +536,7 @@ class SlackListeners:
     async def on_user_change(self, body: dict[str, Any], context: AsyncBoltContext) -> None:
         """`user_change`: a person deactivated (`deleted`) no longer owns running watches; theirs stop, saying why."""
         user = body.get("event", {}).get("user") or {}
-        workspace = context.team_id or str(body.get("team_id") or "")
+        workspace = workspace_of(body, context)
         if user.get("deleted") and user.get("id") and workspace:
             await self.core.stop_watches(PLATFORM, workspace, owner=f"{PLATFORM}:{user['id']}",
                                          reason="its owner's account was deactivated")
@@ -541,7 +546,7 @@ class SlackListeners:
         saying why."""
         event = body.get("event", {})
         channel = event.get("channel")
-        workspace = context.team_id or str(body.get("team_id") or "")
+        workspace = workspace_of(body, context)
         if isinstance(channel, dict):
             channel = channel.get("id")
         if channel and workspace:
