@@ -178,12 +178,13 @@ class RunDelivery:
         # `busy`: whether the process is too loaded for ordinary status edits (worker.loop.RunLoop.overloaded).
         self.editor = StatusEditor(self._edit_status, bucket=bucket, workspace=self.place.workspace,
                                    min_interval=min_interval, busy=busy)
-        self.progress_stream = self._progress_stream(target.mode, bucket, min_interval)
+        self.progress_stream = self._progress_stream(target.mode, bucket, min_interval, busy)
         self._progress_recorded = target.progress_recorded
         self._latest: RunProgress | None = None
         self._status_phase: tuple[str | None, str] | None = None  # what the status message last showed while streaming
 
-    def _progress_stream(self, mode: str, bucket: EditBudget, min_interval: float) -> ProgressStream | None:
+    def _progress_stream(self, mode: str, bucket: EditBudget, min_interval: float,
+                         busy: Callable[[], bool]) -> ProgressStream | None:
         """Research progress as a streamed task list, where the platform and the workspace allow it."""
         if mode != "research" or not self.place.thread or self.watch_id is not None \
                 or not isinstance(self.messenger, TaskStreaming) \
@@ -194,7 +195,7 @@ class RunDelivery:
             may_open=lambda attempt: amay_open_progress(self.sessions, self.run_id, attempt),
             record_opened=lambda attempt, ref: arecord_progress_message(self.sessions, self.run_id, attempt,
                                                                         ref.model_dump(mode="json")),
-            on_fallback=self._status_takes_over)
+            on_fallback=self._status_takes_over, busy=busy)
 
     async def _status_takes_over(self, progress: RunProgress) -> None:
         """The stream ended early: the status message shows every state again, starting with the latest."""

@@ -44,7 +44,8 @@ class ProgressStream:
 
     def __init__(self, messenger: TaskStreaming, place: Place, recipient: str, *, bucket: EditBudget,
                  may_open: MayOpen, record_opened: RecordOpened, on_fallback: OnFallback, min_interval: float = 1.0,
-                 clock: Clock = time.monotonic, sleep: Sleep = asyncio.sleep) -> None:
+                 clock: Clock = time.monotonic, sleep: Sleep = asyncio.sleep,
+                 busy: Callable[[], bool] = lambda: False) -> None:
         self.messenger = messenger
         self.place = place
         self.recipient = recipient
@@ -58,10 +59,11 @@ class ProgressStream:
         self._closing = False
         # The final state does not wait for the budget: the report follows it, and a busy workspace must not hold that up.
         # Its own allowance in the workspace's budget: chat.appendStream is rate limited apart from chat.update, and
-        # sharing one allowance left status edits (the first among them) refused under load.
+        # sharing one allowance left status edits (the first among them) refused under load. While the process is
+        # overloaded (`busy`), it sheds as the status message does: only phase changes, at most every 3 s.
         self._sender = StatusEditor(self._send, bucket=bucket, workspace=f"{place.workspace}{STREAM_BUDGET_SUFFIX}",
-                                    min_interval=min_interval,
-                                    final_wait=0.0, clock=clock, sleep=sleep, count_edit=lambda outcome: None)
+                                    min_interval=min_interval, final_wait=0.0, clock=clock, sleep=sleep,
+                                    count_edit=lambda outcome: None, busy=busy)
 
     async def show(self, progress: RunProgress) -> None:
         """Make `progress` the next state to stream; returns at once (ignored once fallen back or closed)."""

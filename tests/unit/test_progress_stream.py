@@ -24,7 +24,8 @@ from worker.delivery import DeliveryTarget, RunDelivery
 from tests.fakes.clock import FakeClock
 from tests.waiting import eventually
 from worker.progress import InMemoryEditBucket
-from worker.progress_stream import STREAM_BUDGET_SUFFIX
+from worker.progress_stream import STREAM_BUDGET_SUFFIX, ProgressStream
+from tests.unit.test_status_editor import VirtualClock, ample_bucket, settle
 
 STREAM_TS = "500.5"
 STATUS_TS = "101.0"
@@ -284,3 +285,54 @@ def test_a_stored_run_s_progress_keeps_its_plan_and_pages_read_for_the_resume_sw
         progress = progress_of_stored_run(run, session.query(Event).filter(Event.run_id == run_id).order_by(Event.seq))
     assert progress.sub_questions == ["What scatters light?"]
     assert [(page.url, page.title) for page in progress.pages_read] == [("https://o.example/", "Optics")]
+
+
+def test_while_the_process_is_overloaded_the_task_stream_sheds_as_the_status_message_does() -> None:
+    # The stream's appends come out of the same overloaded delivery loop as the status edits: while it lags, a change
+    # that is not a phase change waits, and a change goes out at most every 3 s, the latest state each time.
+    clock = VirtualClock()
+    messenger = TaskStreamingMessenger()
+    busy = [False]
+    stream = ProgressStream(messenger, Place(platform="slack", workspace="T1", channel="C1", thread="100.0"),
+                            "slack:U0ALICE01", bucket=ample_bucket(clock), may_open=granted, record_opened=recorded,
+                            on_fallback=never_falls_back, min_interval=1.0, clock=clock, sleep=clock.sleep,
+                            busy=lambda: busy[0])
+    initial, planning, planned, _, searching = states(1)[:5]
+
+    async def run() -> None:
+        await stream.show(initial)
+        await clock.advance(1.0)
+        busy[0] = True
+        await stream.show(planning)  # t=1: a phase change, a second after the last: streamed
+        await settle()
+        assert messenger.kinds() == ["start", "append"]
+        await clock.advance(1.0)
+        await stream.show(planned)  # t=2: the plan alone is not a phase change: shed while overloaded
+        await clock.advance(1.0)
+        await stream.show(searching)  # t=3: a phase change, but the last append was at t=1
+        await clock.advance(0.5)
+        assert messenger.kinds() == ["start", "append"], "nothing more before t=4"
+        await clock.advance(0.5)
+        assert messenger.kinds() == ["start", "append", "append"], "3 s after the last append"
+        appended = {task.id for task in messenger.task_calls[-1][1]}
+        assert {"sub-question-1", "sub-question-2"} <= appended, "the shed plan goes out with the latest state"
+        busy[0] = False
+        closing = asyncio.create_task(stream.close(final(searching)))
+        await clock.advance(3.0)
+        assert closing.done(), "the final state is streamed at its turn"
+        await closing
+
+    asyncio.run(run())
+    assert messenger.kinds()[-1] == "stop"
+
+
+async def granted(attempt: int) -> bool:
+    return True
+
+
+async def recorded(attempt: int, ref: MessageRef) -> bool:
+    return True
+
+
+async def never_falls_back(progress: RunProgress) -> None:
+    raise AssertionError("the stream fell back to the status message")
