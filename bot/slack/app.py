@@ -46,6 +46,7 @@ from bot.slack.watches import (
     watches_command_event,
 )
 from chat.slack.feedback import FEEDBACK_ACTION_ID
+from chat.slack.messenger import ResponseUrlPoster
 from config import Settings
 from research.files import FileRef
 
@@ -340,10 +341,16 @@ def ephemeral_sender(client: AsyncWebClient, event: ChatEvent, thread: str | Non
     return send
 
 
-def respond_sender(respond: AsyncRespond) -> PrivateSender:
-    """Says a text only the person sees, through the command's or button's `response_url`."""
+def respond_sender(respond: AsyncRespond, poster: ResponseUrlPoster) -> PrivateSender:
+    """Says a text only the person sees, through the command's or button's `response_url`: what bolt's `respond`
+    sends, over `poster`'s connections kept open."""
     async def send(text: str, blocks: list[dict[str, Any]] | None = None) -> None:
-        await respond(text=text, blocks=blocks, response_type="ephemeral", replace_original=False)
+        if respond.response_url is None:
+            raise ValueError("no response_url to answer privately through")
+        message: dict[str, Any] = {"text": text, "response_type": "ephemeral", "replace_original": False}
+        if blocks is not None:
+            message["blocks"] = blocks
+        await poster.send(respond.response_url, message)
     return send
 
 
@@ -388,6 +395,7 @@ class SlackListeners:
         self.replay_guard = replay_guard or MemoryReplayGuard()
         # OAuth installs: deletes the workspace's stored tokens (bot.slack.oauth.InstallationRemoval).
         self.forget_installation = forget_installation
+        self.private_replies = ResponseUrlPoster()
 
     async def refuse_replayed_requests(self, req: AsyncBoltRequest, body: dict[str, Any],
                                        next_: Callable[[], Awaitable[BoltResponse]]) -> BoltResponse:
@@ -419,7 +427,7 @@ class SlackListeners:
         event = command_event(command)
         if event is None:
             return
-        send_private = respond_sender(respond)
+        send_private = respond_sender(respond, self.private_replies)
         if (event := await self._where_the_bot_can_post(client, event, context.bot_user_id, send_private)) is None:
             return
         await self._handle(event, client=client, send_private=send_private)
@@ -454,7 +462,7 @@ class SlackListeners:
         event = action_event(body)
         if event is None:
             return
-        await self._handle(event, client=client, send_private=respond_sender(respond))
+        await self._handle(event, client=client, send_private=respond_sender(respond, self.private_replies))
 
     async def on_feedback(self, ack: AsyncAck, body: dict[str, Any], respond: AsyncRespond, client: AsyncWebClient) -> None:
         """👍/👎 under a report: acknowledge, store it through the core, and for a 👎 open the "what was wrong?" modal."""
@@ -462,7 +470,7 @@ class SlackListeners:
         event = feedback_event(body)
         if event is None:
             return
-        outcome = await self._handle(event, client=client, send_private=respond_sender(respond))
+        outcome = await self._handle(event, client=client, send_private=respond_sender(respond, self.private_replies))
         if outcome is not None and outcome.ask_what_was_wrong is not None:
             context = CommentContext(run_id=outcome.ask_what_was_wrong, workspace=event.workspace, channel=event.channel)
             await ask_what_was_wrong(client, trigger_id=body.get("trigger_id"), context=context)
@@ -487,7 +495,7 @@ class SlackListeners:
         if await open_watch_form(client, trigger_id=body.get("trigger_id"), context=context, today=today):
             return
         try:
-            await respond_sender(respond)(REPLIES.reply(WATCH_FORM_UNAVAILABLE).text)
+            await respond_sender(respond, self.private_replies)(REPLIES.reply(WATCH_FORM_UNAVAILABLE).text)
         except (SlackApiError, SlackClientError, OSError, ValueError) as error:
             logger.warning("could not say the watch form did not open (%s)", type(error).__name__)
 
@@ -509,7 +517,7 @@ class SlackListeners:
         await ack()
         timezone = await self.zones.of(client, str(command.get("user_id", "")))
         await self._handle(watches_command_event(command, timezone=timezone), client=client,
-                           send_private=respond_sender(respond))
+                           send_private=respond_sender(respond, self.private_replies))
 
     async def on_watch_button(self, ack: AsyncAck, body: dict[str, Any], respond: AsyncRespond,
                               client: AsyncWebClient) -> None:
@@ -518,7 +526,7 @@ class SlackListeners:
         event = watch_button_event(body)
         if event is None:
             return
-        await self._handle(event, client=client, send_private=respond_sender(respond))
+        await self._handle(event, client=client, send_private=respond_sender(respond, self.private_replies))
 
     async def on_app_uninstalled(self, body: dict[str, Any], context: AsyncBoltContext) -> None:
         """`app_uninstalled`: the workspace's stored tokens (OAuth installs), then everything stored of it: its threads,

@@ -32,6 +32,7 @@ from slack_sdk.http_retry.request import HttpRequest
 from slack_sdk.http_retry.response import HttpResponse
 from slack_sdk.http_retry.state import RetryState
 from slack_sdk.web.async_client import AsyncWebClient
+from slack_sdk.webhook.async_client import AsyncWebhookClient, WebhookResponse
 
 from chat.message import (
     Content,
@@ -96,6 +97,28 @@ class PooledWebClient(AsyncWebClient):
             self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
             self._session_loop = loop
         return await super()._request(http_verb=http_verb, api_url=api_url, req_args=req_args)
+
+
+class ResponseUrlPoster:
+    """Posts to commands' and buttons' `response_url`s over connections kept open (one aiohttp session per event
+    loop), as `PooledWebClient` calls the Web API: bolt's `respond` opens and closes a connection, TLS included, for
+    every private reply, and under a burst of commands that work held up the next commands' acknowledgements."""
+
+    def __init__(self, *, timeout: int = REQUEST_TIMEOUT_SECONDS) -> None:
+        self.timeout = timeout
+        self._session: aiohttp.ClientSession | None = None
+        self._session_loop: asyncio.AbstractEventLoop | None = None
+
+    async def send(self, response_url: str, message: dict[str, Any]) -> WebhookResponse:
+        loop = asyncio.get_running_loop()
+        if self._session is None or self._session.closed or self._session_loop is not loop:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
+            self._session_loop = loop
+        return await AsyncWebhookClient(url=response_url, timeout=self.timeout, session=self._session).send_dict(message)
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
 
 
 class CountedRateLimitRetryHandler(AsyncRateLimitErrorRetryHandler):

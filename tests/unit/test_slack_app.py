@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -13,6 +15,7 @@ import fakeredis
 import pytest
 import yaml
 from slack_bolt.async_app import AsyncApp
+from slack_bolt.context.respond.async_respond import AsyncRespond
 
 from bot.conversation.events import ChatEvent, Outcome, Reply
 from chat.render import ReportDelivery
@@ -29,7 +32,8 @@ from chat.slack.render import (
     with_export_button,
 )
 from chat.state import initial_progress
-from bot.slack.app import COMMANDS, build_slack_app, history_before, without_bot_mention
+from bot.slack.app import COMMANDS, build_slack_app, history_before, respond_sender, without_bot_mention
+from chat.slack.messenger import ResponseUrlPoster
 from bot.slack.watches import WATCHES_COMMAND
 from bot.slack.dedupe import CLAIM_SECONDS, EVENT_KEY, MemoryEventDeduper, RedisEventDeduper
 from config import load_settings
@@ -458,3 +462,34 @@ def test_manifest_declares_every_command_event_and_button_the_app_handles() -> N
     assert {"commands", "chat:write", "app_mentions:read", "channels:join", "channels:read", "reactions:read",
             "files:write", "im:history", "channels:history", "groups:history"} <= scopes
     assert manifest["features"]["app_home"]["messages_tab_enabled"] is True
+
+
+async def test_private_replies_go_over_one_connection_kept_open() -> None:
+    # bolt's `respond` opened (and closed) a connection, TLS included, for each private reply: under a burst of
+    # commands refused by a queue cap, that work held up the next commands' acknowledgements.
+    connections, bodies = 0, []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(re.search(rb"content-length: *(\d+)", head, re.IGNORECASE).group(1))
+                bodies.append(json.loads(await reader.readexactly(length)))
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok")
+                await writer.drain()
+        except asyncio.IncompleteReadError:
+            writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/commands/T1/1/secret"
+    poster = ResponseUrlPoster()
+    async with server:
+        for text in ("one", "two", "three"):
+            await respond_sender(AsyncRespond(response_url=url), poster)(text)
+        await poster.aclose()
+
+    assert [(body["text"], body["response_type"], body["replace_original"]) for body in bodies] == [
+        ("one", "ephemeral", False), ("two", "ephemeral", False), ("three", "ephemeral", False)]
+    assert connections == 1
