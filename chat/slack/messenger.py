@@ -81,44 +81,54 @@ STREAMING_UNAVAILABLE_ERRORS = frozenset({
 Result = TypeVar("Result")
 
 
+class LoopSessions:
+    """One aiohttp session per event loop, made there on first use and kept, so that connections stay open between
+    calls (a session belongs to the loop it was made in: a client used from a new loop gets a new one)."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def current(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        if self._session is None or self._session.closed or self._loop is not loop:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
+            self._loop = loop
+        return self._session
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
 class PooledWebClient(AsyncWebClient):
-    """An AsyncWebClient that keeps its connections open between calls (one aiohttp session per event loop).
+    """An AsyncWebClient that keeps its connections open between calls (`LoopSessions`).
 
     Without a session slack-sdk opens and closes a connection for every call, which a worker
     editing hundreds of status messages pays for in TLS handshakes and event-loop time.
     """
 
-    _session_loop: asyncio.AbstractEventLoop | None = None
+    _sessions: LoopSessions | None = None
 
     async def _request(self, *, http_verb: str, api_url: str, req_args: dict[str, Any]) -> dict[str, Any]:
-        loop = asyncio.get_running_loop()
-        if self.session is None or self.session.closed or self._session_loop is not loop:
-            # A session belongs to the loop it was made in; a client used from a new loop gets a new one.
-            self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
-            self._session_loop = loop
+        self._sessions = self._sessions or LoopSessions(self.timeout)
+        self.session = self._sessions.current()
         return await super()._request(http_verb=http_verb, api_url=api_url, req_args=req_args)
 
 
 class ResponseUrlPoster:
-    """Posts to commands' and buttons' `response_url`s over connections kept open (one aiohttp session per event
-    loop), as `PooledWebClient` calls the Web API: bolt's `respond` opens and closes a connection, TLS included, for
-    every private reply, and under a burst of commands that work held up the next commands' acknowledgements."""
+    """Posts to commands' and buttons' `response_url`s over connections kept open (`LoopSessions`), as
+    `PooledWebClient` calls the Web API: bolt's `respond` opens and closes a connection, TLS included, for every
+    private reply, and under a burst of commands that work held up the next commands' acknowledgements."""
 
     def __init__(self, *, timeout: int = REQUEST_TIMEOUT_SECONDS) -> None:
         self.timeout = timeout
-        self._session: aiohttp.ClientSession | None = None
-        self._session_loop: asyncio.AbstractEventLoop | None = None
+        self.sessions = LoopSessions(timeout)
 
     async def send(self, response_url: str, message: dict[str, Any]) -> WebhookResponse:
-        loop = asyncio.get_running_loop()
-        if self._session is None or self._session.closed or self._session_loop is not loop:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
-            self._session_loop = loop
-        return await AsyncWebhookClient(url=response_url, timeout=self.timeout, session=self._session).send_dict(message)
-
-    async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        return await AsyncWebhookClient(url=response_url, timeout=self.timeout,
+                                        session=self.sessions.current()).send_dict(message)
 
 
 class CountedRateLimitRetryHandler(AsyncRateLimitErrorRetryHandler):

@@ -488,7 +488,7 @@ async def test_private_replies_go_over_one_connection_kept_open() -> None:
     async with server:
         for text in ("one", "two", "three"):
             await respond_sender(AsyncRespond(response_url=url), poster)(text)
-        await poster.aclose()
+        await poster.sessions.aclose()
 
     assert [(body["text"], body["response_type"], body["replace_original"]) for body in bodies] == [
         ("one", "ephemeral", False), ("two", "ephemeral", False), ("three", "ephemeral", False)]
